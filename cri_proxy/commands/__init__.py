@@ -1,0 +1,1 @@
+"""Subcommands of the `cri-proxy` console script; each module has `register(subparsers)`."""

@@ -1,0 +1,79 @@
+"""`cri-proxy plan --snapshot FILE`: replay a node snapshot through the decision rules.
+
+Same `decide` as the proxy, no runtime, no socket, no root (plan-snapshot.md). JSON for tools,
+`--format table` for people. Exit 2 with one line on stderr when the snapshot cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from cri_proxy.cpu.decide import Plan, decide
+from cri_proxy.cpu.snapshot import load_snapshot, plan_to_json
+from cri_proxy.errors import SnapshotError
+
+EXIT_BAD_SNAPSHOT = 2
+
+
+def register(sub: Any) -> None:
+    """Add the `plan` subparser."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan",
+        help="print the cpuset decisions for a node snapshot",
+        description="Read a node snapshot (JSON) and print what the proxy would set for every container.",
+    )
+    p.add_argument("--snapshot", required=True, metavar="FILE", help="snapshot JSON file, or - for stdin")
+    p.add_argument("--format", choices=("json", "table"), default="json", help="output format (default json)")
+    p.set_defaults(func=run)
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _fail(path: str, message: str) -> int:
+    one_line = " ".join(message.split())
+    print(f"cri-proxy plan: {path}: {one_line}", file=sys.stderr)
+    return EXIT_BAD_SNAPSHOT
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, decide, print. 0 on success, 2 for an unreadable or malformed snapshot."""
+    path: str = args.snapshot
+    try:
+        inputs = load_snapshot(_read(path))
+    except (OSError, UnicodeDecodeError) as e:
+        return _fail(path, f"cannot read: {getattr(e, 'strerror', None) or e}")
+    except SnapshotError as e:
+        return _fail(path, f"bad snapshot: {e}")
+    plan = decide(inputs)
+    if args.format == "table":
+        write_table(plan, sys.stdout)
+    else:
+        json.dump(plan_to_json(plan), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return 0
+
+
+def write_table(plan: Plan, out: TextIO) -> None:
+    """One row per container (pod, container id, QoS, cpuset, why), then pools and problems."""
+    header = ("POD", "CONTAINER", "QOS", "CPUSET", "WHY")
+    rows = [header] + [
+        (d.pod, cid, "-" if d.qos is None else str(d.qos), "-" if d.cpuset is None else str(d.cpuset), d.why)
+        for cid, d in sorted(plan.containers.items(), key=lambda item: (item[1].pod, item[0]))
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    for r in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1] + "\n")
+    out.write("\npools:\n")
+    out.write(f"  ls  {plan.pools.ls or '(empty)'}\n")
+    out.write(f"  be  {plan.pools.be or '(empty)'}\n")
+    out.write(f"\nproblems: {len(plan.problems) or 'none'}\n")
+    for p in plan.problems:
+        out.write(f"  {p.kind}  {p.pod or '(node)'}  {p.message}\n")

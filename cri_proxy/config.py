@@ -1,0 +1,96 @@
+"""The proxy's settings: defaults, the TOML file, then command-line flags, in that order.
+
+Every option is declared once in `OPTIONS`; the file loader and the flag parser both read that
+table, so a key that is not there is refused with its name, and a value of the wrong type too.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from cri_proxy.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("/etc/cri-proxy/config.toml")
+DEFAULT_LISTEN = "unix:///run/cri-proxy/cri-proxy.sock"
+DEFAULT_RUNTIME_ENDPOINT = "unix:///run/containerd/containerd.sock"
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `cri-proxy serve` can be told. Field names are the TOML keys."""
+
+    listen: str = DEFAULT_LISTEN
+    runtime_endpoint: str = DEFAULT_RUNTIME_ENDPOINT
+    max_recv_message_bytes: int = 16 * MIB
+    max_send_message_bytes: int = 16 * MIB
+    shutdown_grace_seconds: float = 10.0
+    fail_policy: str = "ignore"
+    log_level: str = "INFO"
+    socket_group: str = ""
+
+    def validate(self) -> Config:
+        if self.fail_policy not in ("ignore", "fail"):
+            raise ConfigError(f"fail_policy: must be 'ignore' or 'fail', not {self.fail_policy!r}")
+        for key in ("max_recv_message_bytes", "max_send_message_bytes"):
+            if getattr(self, key) < 1024:
+                raise ConfigError(f"{key}: must be at least 1024 bytes, not {getattr(self, key)}")
+        if self.shutdown_grace_seconds < 0:
+            raise ConfigError(
+                f"shutdown_grace_seconds: must not be negative, not {self.shutdown_grace_seconds}"
+            )
+        if self.log_level.upper() not in (
+            "TRACE",
+            "DEBUG",
+            "INFO",
+            "SUCCESS",
+            "WARNING",
+            "ERROR",
+            "CRITICAL",
+        ):
+            raise ConfigError(f"log_level: unknown level {self.log_level!r}")
+        for key in ("listen", "runtime_endpoint"):
+            if not getattr(self, key):
+                raise ConfigError(f"{key}: must not be empty")
+        return self
+
+
+_TYPES: dict[str, type] = {f.name: type(getattr(Config(), f.name)) for f in fields(Config)}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    want = _TYPES[key]
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {want.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults <- file (absent default file is fine) <- overrides (flags that were given)."""
+    values: dict[str, Any] = {}
+    file = path if path is not None else DEFAULT_CONFIG_FILE
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        if path is not None and path != DEFAULT_CONFIG_FILE:
+            raise ConfigError(f"config file {file} does not exist") from None
+        text = ""
+    except OSError as exc:
+        raise ConfigError(f"config file {file}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file}: not valid TOML: {exc}") from None
+    for key, value in data.items():
+        if key not in _TYPES:
+            raise ConfigError(f"config file {file}: unknown key {key!r}")
+        values[key] = _coerce(key, value)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value)
+    return replace(Config(), **values).validate()

@@ -1,0 +1,262 @@
+"""Decision per container ("Decision per container" in cpuset-rules.md): `decide(inputs) -> Plan`.
+
+Pure and total: bad input becomes a `Problem` in the plan, never an exception. Two passes over the
+pods: the first (`_Survey`) parses and classifies each pod and collects the exclusive claims (the
+pools depend on every pod), the second decides every container against the finished pools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from cri_proxy.cpu.allocation import Allocation, allocation_from_annotations
+from cri_proxy.cpu.cgroup import CgroupParent, KubeQoS, parse_cgroup_parent
+from cri_proxy.cpu.cpuset import CPUSet
+from cri_proxy.cpu.inputs import NodeInputs, PodInfo
+from cri_proxy.cpu.kubelet import KubeletState
+from cri_proxy.cpu.pools import Pools, compute_pools, kubelet_exclusive
+from cri_proxy.cpu.problems import Problem, ProblemKind
+from cri_proxy.cpu.qos import EXCLUSIVE_CLASSES, QoS, classify, label_qos
+from cri_proxy.cpu.topology import Topology
+from cri_proxy.errors import AllocationError
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDecision:
+    """What to do with one container. `cpuset` None: leave it unchanged (tri-state "leave")."""
+
+    pod: str
+    qos: QoS | None
+    cpuset: CPUSet | None
+    why: str
+
+    @property
+    def managed(self) -> bool:
+        """False for containers the proxy passes through untouched (unknown cgroup parent)."""
+        return self.qos is not None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole node's decision: pools, one decision per container id, and what was wrong."""
+
+    pools: Pools
+    containers: Mapping[str, ContainerDecision]
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _PodView:
+    """A pod parsed once: its class before the per-container kubelet check, allocation, cgroup."""
+
+    pod: PodInfo
+    label: QoS | None
+    allocation: Allocation | None
+    cgroup: CgroupParent | None
+    exclusive_cpus: CPUSet | None  # allocation cpuset ∩ online, for an LSE/LSR pod that has one
+
+
+_Notes = tuple[tuple[ProblemKind, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """A pod-level outcome shared by its containers; `notes` become per-container problems."""
+
+    qos: QoS | None
+    cpuset: CPUSet | None
+    why: str
+    notes: _Notes = ()
+
+
+def _cpus_text(nodes: frozenset[int], sockets: frozenset[int]) -> str:
+    parts = []
+    if nodes:
+        parts.append("NUMA node " + ",".join(map(str, sorted(nodes))))
+    if sockets:
+        parts.append("socket " + ",".join(map(str, sorted(sockets))))
+    return " / ".join(parts)
+
+
+class _Decider:
+    """The state of one `decide` call: the pools and a cache of NUMA-narrowed LS pools."""
+
+    def __init__(self, topology: Topology, pools: Pools, system: CPUSet) -> None:
+        self.topology = topology
+        self.pools = pools
+        self.system = system & topology.online
+        self._numa: dict[tuple[frozenset[int], frozenset[int]], tuple[CPUSet, str, _Notes]] = {}
+
+    def ls_rule(self, qos: QoS, allocation: Allocation | None, prefix: str = "") -> _Rule:
+        """LS pool, narrowed to the allocation's NUMA nodes/sockets when it names any."""
+        pool = self.pools.ls
+        if not pool:
+            return _Rule(qos, None, prefix + "LS share pool is empty: left unchanged",
+                         ((ProblemKind.POOL_EXHAUSTED, "the LS share pool is empty"),))
+        if allocation is None or not allocation.numa_bound:
+            return _Rule(qos, pool, prefix + "LS share pool")
+        key = (allocation.numa_nodes, allocation.sockets)
+        found = self._numa.get(key)
+        if found is None:
+            where = _cpus_text(*key)
+            narrowed = pool & self.topology.cpus_of(*key)
+            if narrowed:
+                found = (narrowed, f"LS share pool on {where}", ())
+            else:
+                found = (pool, f"whole LS share pool: none of it on {where}",
+                         ((ProblemKind.NUMA_EMPTY, f"no LS pool CPU on {where}: whole LS pool used"),))
+            self._numa[key] = found
+        cpuset, why, notes = found
+        return _Rule(qos, cpuset, prefix + why, notes)
+
+    def pod_rule(self, view: _PodView, qos: QoS | None) -> _Rule:
+        """The decision every non-KUBELET container of the pod shares."""
+        if qos is None:
+            return _Rule(None, None, "cgroup parent is not a kubepods pod cgroup: not managed")
+        if qos in EXCLUSIVE_CLASSES:
+            if view.exclusive_cpus:
+                whole = view.allocation is not None and view.allocation.cpuset == view.exclusive_cpus
+                return _Rule(qos, view.exclusive_cpus, "allocation cpuset" if whole
+                             else "allocation cpuset, offline CPUs dropped")
+            alloc = view.allocation
+            if alloc is None or not alloc.cpuset:
+                rule = self.ls_rule(qos, alloc, "no allocation cpuset: ")
+                note = (ProblemKind.MISSING_CPUSET, f"{qos} pod has no allocation cpuset: LS rule used")
+                return _Rule(qos, rule.cpuset, rule.why, (note, *rule.notes))
+            return self.ls_rule(qos, alloc, "allocation cpuset not online: ")
+        if qos is QoS.LS:
+            return self.ls_rule(qos, view.allocation)
+        if qos is QoS.BE:
+            if self.pools.be:
+                return _Rule(qos, self.pools.be, "BE share pool")
+            return _Rule(qos, None, "BE share pool is empty: left unchanged",
+                         ((ProblemKind.POOL_EXHAUSTED, "the BE share pool is empty"),))
+        # SYSTEM
+        if self.system:
+            return _Rule(qos, self.system, "system_cpus")
+        return self.ls_rule(qos, None, "no online system_cpus: ")
+
+
+_MAX_NAMED = 5  # other pods named in one conflict message
+_KEEP = _MAX_NAMED + 2  # smallest keys kept per CPU: room for the pod itself and one to tell "and others"
+
+
+def _conflicts(claims: list[tuple[str, CPUSet]], shared: CPUSet) -> list[Problem]:
+    """One problem for every exclusive pod holding a CPU another one holds too, naming others.
+
+    Reported against each side, so the report does not depend on the order of the pods. Bounded
+    work even for a scheduler gone wrong (5,000 pods claiming the same CPUs): claims are grouped
+    by identical cpuset, and each shared CPU keeps only the few smallest pod keys, which is all
+    a message names.
+    """
+    groups: dict[int, list[str]] = {}
+    for key, cpus in claims:
+        groups.setdefault(cpus.mask, []).append(key)
+    lowest: dict[int, list[str]] = {}
+    for mask, keys in groups.items():
+        keys.sort()
+        head = keys[:_KEEP]
+        for cpu in CPUSet(mask & shared.mask):
+            cur = lowest.get(cpu)
+            lowest[cpu] = head if cur is None else sorted(set(cur).union(head))[:_KEEP]
+    problems = []
+    for mask, keys in groups.items():
+        overlap = CPUSet(mask & shared.mask)
+        if not overlap:
+            continue
+        candidates = sorted(set().union(*(lowest[cpu] for cpu in overlap)))[:_KEEP]
+        for key in keys:
+            others = [k for k in candidates if k != key]
+            if others:
+                more = " and others" if len(others) > _MAX_NAMED else ""
+                problems.append(Problem(key, ProblemKind.EXCLUSIVE_CONFLICT,
+                                        f"CPUs {overlap} of allocation cpuset {CPUSet(mask)} are also "
+                                        f"claimed by {', '.join(others[:_MAX_NAMED])}{more}"))
+    return problems
+
+
+def _kubelet_state(inputs: NodeInputs) -> KubeletState | None:
+    k = inputs.kubelet
+    return k if k is not None and k.static else None
+
+
+@dataclass
+class _Survey:
+    """First pass over the pods: everything the pools depend on, and pod-level problems."""
+
+    views: list[_PodView] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    lse: int = 0
+    lsr: int = 0
+    claimed: int = 0
+    shared: int = 0  # CPUs claimed by more than one exclusive pod
+    claims: list[tuple[str, CPUSet]] = field(default_factory=list)
+    skip_uids: set[str] = field(default_factory=set)  # kubelet entries the scheduler/label overrides
+    skip_cids: set[str] = field(default_factory=set)
+
+    def add(self, pod: PodInfo, online: CPUSet) -> None:
+        key = pod.key
+        label = label_qos(pod.labels)
+        try:
+            alloc = allocation_from_annotations(pod.annotations)
+        except AllocationError as e:
+            alloc = None
+            self.problems.append(Problem(key, ProblemKind.BAD_ANNOTATION, f"{e}; treated as absent"))
+        cpus = alloc.cpuset if alloc is not None and alloc.cpuset else None
+        if cpus is not None or label is QoS.LS or label is QoS.BE:
+            self.skip_uids.add(pod.uid)
+            self.skip_cids.update(c.id for c in pod.containers)
+        pod_class = label if label is not None else (QoS.LSR if cpus is not None else None)
+        exclusive: CPUSet | None = None
+        if pod_class in EXCLUSIVE_CLASSES and cpus is not None:
+            exclusive = cpus & online
+            if exclusive != cpus:
+                self.problems.append(Problem(key, ProblemKind.CPUS_NOT_ONLINE,
+                                             f"allocation cpuset {cpus} names CPUs {cpus - online} "
+                                             f"that are not online; using {exclusive or 'none'}"))
+            self.shared |= cpus.mask & self.claimed
+            self.claimed |= cpus.mask
+            self.claims.append((key, cpus))
+            if pod_class is QoS.LSE:
+                self.lse |= exclusive.mask
+            else:
+                self.lsr |= exclusive.mask
+        self.views.append(_PodView(pod, label, alloc, parse_cgroup_parent(pod.cgroup_parent), exclusive))
+
+
+def decide(inputs: NodeInputs) -> Plan:
+    """Decide every container's cpuset from the node's inputs (see cpuset-rules.md)."""
+    online = inputs.topology.online
+    kube = _kubelet_state(inputs)
+    survey = _Survey()
+    for pod in inputs.pods:
+        survey.add(pod, online)
+    problems = survey.problems
+    if survey.shared:
+        problems.extend(_conflicts(survey.claims, CPUSet(survey.shared)))
+    pools = compute_pools(online, inputs.reserved, CPUSet(survey.lse), CPUSet(survey.lsr),
+                          kubelet_exclusive(kube, survey.skip_uids, survey.skip_cids))
+    decider = _Decider(inputs.topology, pools, inputs.system)
+    decisions: dict[str, ContainerDecision] = {}
+
+    for view in survey.views:
+        pod = view.pod
+        key = pod.key
+        shared: _Rule | None = None
+        maybe_kubelet = view.cgroup is not None and view.cgroup.qos is KubeQoS.GUARANTEED
+        for c in pod.containers:
+            kcpus = kube.container_cpus(pod.uid, c.name, c.id) if maybe_kubelet and kube else None
+            qos = classify(view.label, view.allocation, view.cgroup, kcpus)
+            if qos is QoS.KUBELET:
+                decisions[c.id] = ContainerDecision(key, qos, kcpus, "kubelet static CPU manager entry")
+                continue
+            if shared is None:
+                shared = decider.pod_rule(view, qos)
+            decisions[c.id] = ContainerDecision(key, shared.qos, shared.cpuset, shared.why)
+            for kind, text in shared.notes:
+                problems.append(Problem(key, kind, f"container {c.name}: {text}"))
+
+    problems.sort(key=lambda p: (p.pod or "", p.kind, p.message))
+    return Plan(pools, MappingProxyType(decisions), (*inputs.input_problems, *problems))

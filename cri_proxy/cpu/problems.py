@@ -1,0 +1,27 @@
+"""Problems the rules meet ("Bad input" in cpuset-rules.md, kinds from plan-snapshot.md), as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ProblemKind(StrEnum):
+    """The `kind` strings of `plan` output; they are an interface, so they never change spelling."""
+
+    BAD_ANNOTATION = "bad-annotation"
+    MISSING_CPUSET = "missing-cpuset"
+    CPUS_NOT_ONLINE = "cpus-not-online"
+    EXCLUSIVE_CONFLICT = "exclusive-conflict"
+    NUMA_EMPTY = "numa-empty"
+    POOL_EXHAUSTED = "pool-exhausted"
+    BAD_KUBELET_STATE = "bad-kubelet-state"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One bad input or conflict; `pod` is `namespace/name`, or None for node-wide problems."""
+
+    pod: str | None
+    kind: ProblemKind
+    message: str

@@ -1,0 +1,66 @@
+"""Read the node's CPU topology from sysfs (the I/O half; `cri_proxy.cpu.topology` is the value).
+
+The root is configurable so tests can build a fake tree. Files read:
+`<root>/devices/system/cpu/online`, `<root>/devices/system/node/node<N>/cpulist`,
+`<root>/devices/system/cpu/cpu<N>/topology/physical_package_id`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from cri_proxy.cpu.cpuset import CPUSet
+from cri_proxy.cpu.topology import Topology
+from cri_proxy.errors import CpuError, SysfsError
+
+DEFAULT_ROOT = Path("/sys")
+_NODE_DIR = re.compile(r"node(\d+)", re.ASCII)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SysfsError(f"cannot read {path}: {e}") from None
+
+
+def _cpulist(path: Path) -> CPUSet:
+    try:
+        return CPUSet.parse(_read(path).strip())
+    except CpuError as e:
+        raise SysfsError(f"{path}: {e}") from None
+
+
+def read_topology(root: Path | str = DEFAULT_ROOT) -> Topology:
+    """Online CPUs, NUMA nodes (one node 0 when sysfs has none) and sockets.
+
+    Node lists are cut to the online CPUs. A CPU without a readable `physical_package_id`
+    (offline, or a restricted container) belongs to no socket; when no CPU has one, the
+    sockets mirror the NUMA nodes, as in a snapshot without `sockets`.
+    """
+    base = Path(root) / "devices" / "system"
+    online = _cpulist(base / "cpu" / "online")
+    nodes: dict[int, CPUSet] = {}
+    node_root = base / "node"
+    if node_root.is_dir():
+        for entry in node_root.iterdir():
+            m = _NODE_DIR.fullmatch(entry.name)
+            if m is not None and (entry / "cpulist").is_file():
+                nodes[int(m.group(1))] = _cpulist(entry / "cpulist") & online
+    if not nodes:
+        nodes = {0: online}
+    socket_masks: dict[int, int] = {}
+    for cpu in online:
+        path = base / "cpu" / f"cpu{cpu}" / "topology" / "physical_package_id"
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        try:
+            package = int(text)
+        except ValueError:
+            raise SysfsError(f"{path}: not an integer: {text!r}") from None
+        socket_masks[package] = socket_masks.get(package, 0) | 1 << cpu
+    sockets = {s: CPUSet(m) for s, m in socket_masks.items()} if socket_masks else None
+    return Topology.build(nodes, sockets, online)

@@ -1,0 +1,197 @@
+"""Fixtures for the end-to-end tests against a real containerd.
+
+- ``containerd`` (session): one private containerd for the whole session (:class:`PrivateContainerd`;
+  ``.address`` is its CRI endpoint, ``.pod_log_dir`` the root for pods' log dirs, ``.restart()``).
+  Installs the packages with scripts/setup-e2e when missing, so a fresh clone works.
+- ``containerd_cri``: a sync CRI client straight to that containerd, once per API version.
+- After each test that used ``containerd``, every pod left behind is stopped and removed, and a
+  containerd that the test left stopped is started again, so tests stay independent.
+
+Not root or no way to install containerd: the tests fail in CI (CI=true) and are skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from containerd import (
+    API_VERSIONS,
+    CriClient,
+    E2EError,
+    PrivateContainerd,
+    connect,
+    missing_tools,
+    remove_all_pods,
+    run_setup_script,
+)
+
+_HERE = Path(__file__).resolve().parent
+_timings: dict[str, float] = {}
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _unavailable(reason: str) -> NoReturn:
+    """CI must not pass quietly without the end-to-end tests; a developer's machine may lack them."""
+    if _in_ci():
+        pytest.fail(f"e2e test bed unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"e2e test bed unavailable: {reason}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e carries the ``e2e`` marker (``-m 'not e2e'`` leaves them out)."""
+    for item in items:
+        if _HERE in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _timings:
+        parts = ", ".join(f"{key} {value:.2f} s" for key, value in _timings.items())
+        terminalreporter.write_line(f"e2e test bed: {parts}")
+
+
+@pytest.fixture(scope="session")
+def containerd() -> Iterator[PrivateContainerd]:
+    """One private containerd for the session, with localhost/busybox:latest imported."""
+    if os.geteuid() != 0:
+        _unavailable("needs root (runs containerd and runc)")
+    if missing_tools():
+        began = time.monotonic()
+        try:
+            run_setup_script()
+        except (E2EError, OSError) as err:
+            _unavailable(f"could not install containerd/runc/busybox-static: {err}")
+        _timings["setup-e2e"] = time.monotonic() - began
+        still = missing_tools()
+        if still:
+            _unavailable(f"still missing after scripts/setup-e2e: {', '.join(still)}")
+
+    began = time.monotonic()
+    bed = PrivateContainerd()
+    try:
+        bed.start()
+    except BaseException:
+        bed.stop()
+        raise
+    _timings["containerd start (incl. image import)"] = time.monotonic() - began
+    try:
+        yield bed
+    finally:
+        began = time.monotonic()
+        bed.stop()
+        _timings["containerd stop + cleanup"] = time.monotonic() - began
+
+
+@pytest.fixture(autouse=True)
+def _remove_leftover_pods(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that used the containerd: remove the pods it left (failed tests leave some)."""
+    if "containerd" not in request.fixturenames:
+        yield
+        return
+    bed: PrivateContainerd = request.getfixturevalue("containerd")
+    yield
+    if not bed.running:  # a fault test stopped or killed it
+        bed.start_daemon()
+    with connect(bed.address) as cri:
+        remove_all_pods(cri)
+
+
+@pytest.fixture(params=API_VERSIONS)
+def containerd_cri(request: pytest.FixtureRequest, containerd: PrivateContainerd) -> Iterator[CriClient]:
+    """A CRI client straight to the private containerd; the test runs once per API version."""
+    with connect(containerd.address, request.param) as cri:
+        yield cri
+
+
+class ProxyProcess:
+    """`cri-proxy serve` as a real process in front of the private containerd."""
+
+    def __init__(self, containerd: PrivateContainerd, *extra: str) -> None:
+        self.socket = containerd.workdir / "proxy" / "cri-proxy.sock"
+        self.address = f"unix://{self.socket}"
+        self.log_path = containerd.workdir / "proxy.log"
+        self.args = [
+            str(Path(sys.executable).parent / "cri-proxy"),
+            "serve",
+            "--config",
+            "/dev/null",
+            "--listen",
+            self.address,
+            "--runtime-endpoint",
+            containerd.address,
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ProxyProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise E2EError(f"cri-proxy exited at start: {self.log_path.read_text()[-2000:]}")
+            if self.socket.exists():
+                try:
+                    with socket.socket(socket.AF_UNIX) as s:
+                        s.connect(str(self.socket))
+                    return self
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise E2EError(f"cri-proxy did not listen on {self.socket}: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def proxy(containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
+    """One `cri-proxy serve` in front of the session's containerd."""
+    process = ProxyProcess(containerd).start()
+    try:
+        yield process
+    finally:
+        code = process.stop()
+        assert code == 0, f"cri-proxy exited {code}: {process.log_path.read_text()[-2000:]}"
+
+
+@pytest.fixture(params=API_VERSIONS)
+def proxy_cri(request: pytest.FixtureRequest, proxy: ProxyProcess) -> Iterator[CriClient]:
+    """A CRI client to the proxy; the test runs once per API version."""
+    assert proxy.proc is not None and proxy.proc.poll() is None, "the session's proxy died"
+    with connect(proxy.address, request.param) as cri:
+        yield cri
+
+
+@pytest.fixture(params=API_VERSIONS)
+def via_proxy_and_direct(
+    request: pytest.FixtureRequest, proxy: ProxyProcess, containerd: PrivateContainerd
+) -> Iterator[tuple[CriClient, CriClient]]:
+    """(client to the proxy, client straight to containerd), same API version; once per version."""
+    with (
+        connect(proxy.address, request.param) as through,
+        connect(containerd.address, request.param) as direct,
+    ):
+        yield through, direct

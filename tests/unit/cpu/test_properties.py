@@ -1,0 +1,166 @@
+"""Invariants of `decide` over generated nodes (hypothesis), checked against a small oracle.
+
+The oracle recomputes the exclusive CPU sets straight from what the generator put in, so a
+wrong pool computation cannot hide behind itself.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cri_proxy.cpu import (
+    ContainerInfo,
+    CPUSet,
+    NodeInputs,
+    PodInfo,
+    QoS,
+    Topology,
+    decide,
+    parse_kubelet_state,
+    plan_to_json,
+)
+from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
+
+CANONICAL = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+CGROUPS = [
+    "/kubepods/pod{u}",
+    "/kubepods/burstable/pod{u}",
+    "/kubepods/besteffort/pod{u}",
+    "/kubepods.slice/kubepods-pod{u}.slice",
+    "/system.slice/{u}.service",
+]
+
+
+@dataclass(frozen=True)
+class Generated:
+    inputs: NodeInputs
+    exclusive: CPUSet  # LSE/LSR allocation CPUs that are online
+    lse: CPUSet
+    kubelet: CPUSet
+
+
+def _cpus(draw: st.DrawFn, top: int) -> CPUSet:
+    return CPUSet.of(draw(st.frozensets(st.integers(0, top), max_size=6)))
+
+
+@st.composite
+def generated(draw: st.DrawFn) -> Generated:
+    n_nodes, per_node = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    numa = {n: CPUSet.range(n * per_node, (n + 1) * per_node - 1) for n in range(n_nodes)}
+    topology = Topology.build(numa)
+    online = topology.online
+    top = n_nodes * per_node + 2  # a few offline ids too
+    pods: list[PodInfo] = []
+    skip_uids: set[str] = set()
+    excl_mask = lse_mask = 0
+    for i in range(draw(st.integers(0, 7))):
+        uid = f"u{i}"
+        label = draw(st.sampled_from([None, "LSE", "LSR", "LS", "BE", "SYSTEM", "GOLD"]))
+        kind = draw(st.sampled_from(["none", "bad", "cpuset", "numa", "both"]))
+        cpuset = _cpus(draw, top)
+        alloc: dict[str, Any] = {}
+        if kind in ("cpuset", "both"):
+            alloc["cpuset"] = str(cpuset)
+        if kind in ("numa", "both"):
+            alloc["numaNode"] = draw(st.lists(st.integers(0, 5), max_size=2))
+        annotations = {}
+        if kind == "bad":
+            annotations[RESOURCE_STATUS_ANNOTATION] = draw(st.sampled_from(["{x", '{"cpuset": 1}', "[]"]))
+        elif kind != "none":
+            annotations[RESOURCE_STATUS_ANNOTATION] = json.dumps(alloc)
+        has_cpuset = "cpuset" in alloc and bool(cpuset)
+        klass = label if label in ("LSE", "LSR", "LS", "BE", "SYSTEM") else ("LSR" if has_cpuset else None)
+        if klass in ("LSE", "LSR") and has_cpuset:
+            excl_mask |= (cpuset & online).mask
+            if klass == "LSE":
+                lse_mask |= (cpuset & online).mask
+        if has_cpuset or label in ("LS", "BE"):
+            skip_uids.add(uid)
+        names = draw(st.lists(st.sampled_from("abc"), min_size=1, max_size=3, unique=True))
+        pods.append(
+            PodInfo(
+                uid=uid,
+                name=f"p{i}",
+                namespace="ns",
+                cgroup_parent=draw(st.sampled_from(CGROUPS)).format(u=uid),
+                labels={QOS_LABEL: label} if label else {},
+                annotations=annotations,
+                containers=tuple(ContainerInfo(f"{uid}-{n}", n) for n in names),
+            )
+        )
+    kubelet = None
+    kubelet_mask = 0
+    shape = draw(st.sampled_from(["absent", "none", "v1", "v2"]))
+    if shape != "absent":
+        uids = [p.uid for p in pods] + ["gone"]
+        entries: dict[str, Any] = {}
+        for uid in draw(st.lists(st.sampled_from(uids), max_size=4, unique=True)):
+            cpus = _cpus(draw, top)
+            cname = draw(st.sampled_from("abc"))
+            if uid not in skip_uids:
+                kubelet_mask |= cpus.mask
+            if shape == "v1":
+                entries[f"{uid}-{cname}"] = str(cpus)
+            else:
+                entries[uid] = {cname: str(cpus)}
+        if shape == "none":
+            kubelet_mask = 0
+        kubelet = parse_kubelet_state(
+            {"policyName": "none" if shape == "none" else "static", "entries": entries}
+        )
+    inputs = NodeInputs(
+        topology=topology,
+        pods=tuple(pods),
+        reserved=_cpus(draw, top),
+        system=_cpus(draw, top),
+        kubelet=kubelet,
+    )
+    return Generated(inputs, CPUSet(excl_mask), CPUSet(lse_mask), CPUSet(kubelet_mask & online.mask))
+
+
+@settings(max_examples=300, deadline=None)
+@given(generated())
+def test_invariants(g: Generated) -> None:
+    plan = decide(g.inputs)
+    online = g.inputs.topology.online
+    ids = {c.id for p in g.inputs.pods for c in p.containers}
+    assert set(plan.containers) == ids
+    assert plan.pools.ls.isdisjoint(g.exclusive | g.kubelet | g.inputs.reserved)
+    assert plan.pools.be.isdisjoint(g.lse | g.kubelet | g.inputs.reserved)
+    for d in plan.containers.values():
+        if d.cpuset is not None:
+            assert d.cpuset, "never an empty cpuset"
+            assert CANONICAL.fullmatch(str(d.cpuset))
+        if d.qos is QoS.LS and d.cpuset is not None:
+            assert d.cpuset.isdisjoint(g.exclusive | g.kubelet), "LS on an exclusive CPU"
+            assert d.cpuset <= online
+        if d.qos is QoS.BE and d.cpuset is not None:
+            assert d.cpuset.isdisjoint(g.lse | g.kubelet), "BE on an LSE or kubelet CPU"
+        if d.qos is None:
+            assert d.cpuset is None
+    out = plan_to_json(plan)
+    for c in out["containers"].values():
+        s = c["cpuset_cpus"]
+        assert s is None or (CANONICAL.fullmatch(s) and str(CPUSet.parse(s)) == s)
+    for s in out["pools"].values():
+        assert s == "" or CANONICAL.fullmatch(s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(generated(), st.randoms(use_true_random=False))
+def test_pod_order_does_not_matter(g: Generated, rnd: random.Random) -> None:
+    pods = list(g.inputs.pods)
+    rnd.shuffle(pods)
+    a = plan_to_json(decide(g.inputs))
+    b = plan_to_json(decide(replace(g.inputs, pods=tuple(pods))))
+    # fully equal, problems included: conflicts are reported against every pod involved
+    assert a["pools"] == b["pools"]
+    assert a["containers"] == b["containers"]
+    assert a["problems"] == b["problems"]

@@ -1,0 +1,86 @@
+"""In-process fixtures for relay tests: a fake runtime and the relay, on real Unix sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from cri_proxy.config import Config
+from cri_proxy.fake_runtime.server import FakeOptions, FakeRuntime
+from cri_proxy.relay.hooks import HookTable
+from cri_proxy.relay.server import Relay
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+@dataclass
+class Bed:
+    dir: Path
+    runtime_endpoint: str
+    proxy_endpoint: str
+    relay: Relay
+    fake: FakeRuntime | None
+
+    def channel(self, endpoint: str | None = None) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(
+            endpoint or self.proxy_endpoint,
+            options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20),
+            ],
+        )
+
+
+@contextlib.asynccontextmanager
+async def bed(
+    hooks: HookTable | None = None,
+    upstream: Callable[[str], Awaitable[grpc.aio.Server]] | None = None,
+    start_runtime: bool = True,
+    **config: Any,
+) -> AsyncIterator[Bed]:
+    """A runtime (the fake, or `upstream(endpoint)`) and a relay in front of it."""
+    with tempfile.TemporaryDirectory(prefix="cri-proxy-test-") as tmp:
+        d = Path(tmp)
+        runtime_ep = f"unix://{d}/runtime.sock"
+        proxy_ep = f"unix://{d}/run/proxy.sock"
+        fake: FakeRuntime | None = None
+        server: grpc.aio.Server | None = None
+        if start_runtime:
+            if upstream is None:
+                fake = FakeRuntime(FakeOptions(listen=runtime_ep))
+                await fake.start()
+            else:
+                server = await upstream(runtime_ep)
+        relay = Relay(Config(listen=proxy_ep, runtime_endpoint=runtime_ep, **config), hooks)
+        await relay.start()
+        try:
+            yield Bed(d, runtime_ep, proxy_ep, relay, fake)
+        finally:
+            await relay.stop(0)
+            if fake is not None:
+                await fake.stop(0)
+            if server is not None:
+                await server.stop(0)
+
+
+async def raw_server(endpoint: str, handler: grpc.GenericRpcHandler) -> grpc.aio.Server:
+    """An upstream that answers with a hand-written generic handler (for metadata/status tests)."""
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    )
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(endpoint)
+    await server.start()
+    return server

@@ -1,0 +1,213 @@
+"""Hooks see decoded messages, can change the request, and never take a call down by failing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from google.protobuf.message import Message
+
+from cri_api.v1 import api_pb2 as v1
+from cri_api.v1alpha2 import api_pb2 as v1alpha2
+from cri_proxy.relay.hooks import HookError, HookTable
+from cri_proxy.relay.methods import MethodInfo
+from tests.unit.relay_support import bed, run
+
+UNKNOWN_FIELD = b"\xf8\x07\x2a"  # field 127, varint 42: a field from a newer kubelet
+
+
+def _client(ch: grpc.aio.Channel, pb: Any, name: str, req: str, resp: str) -> Any:
+    path = f"/{pb.DESCRIPTOR.package}.RuntimeService/{name}"
+    return ch.unary_unary(
+        path,
+        request_serializer=getattr(pb, req).SerializeToString,
+        response_deserializer=getattr(pb, resp).FromString,
+    )
+
+
+async def _sandbox_and_create(ch: grpc.aio.Channel, pb: Any, extra: bytes = b"") -> str:
+    run_pod = _client(ch, pb, "RunPodSandbox", "RunPodSandboxRequest", "RunPodSandboxResponse")
+    sandbox = (await run_pod(pb.RunPodSandboxRequest(config=pb.PodSandboxConfig()))).pod_sandbox_id
+    path = f"/{pb.DESCRIPTOR.package}.RuntimeService/CreateContainer"
+    request = (
+        pb.CreateContainerRequest(
+            pod_sandbox_id=sandbox, config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"))
+        ).SerializeToString()
+        + extra
+    )
+    reply = await ch.unary_unary(path)(request)
+    return str(pb.CreateContainerResponse.FromString(reply).container_id)
+
+
+@pytest.mark.parametrize("pb", [v1, v1alpha2], ids=["v1", "v1alpha2"])
+def test_pre_hook_sets_cpuset_and_keeps_unknown_fields_post_hook_sees_reply(pb: Any) -> None:
+    seen: list[tuple[str, str, str]] = []
+
+    async def pre(request: Message, info: MethodInfo) -> Message:
+        assert isinstance(request, pb.CreateContainerRequest)
+        request.config.linux.resources.cpuset_cpus = "1"  # creates linux/resources on the way
+        return request
+
+    async def post(request: Message, response: Message, info: MethodInfo) -> None:
+        seen.append(
+            (
+                info.version,
+                request.config.linux.resources.cpuset_cpus,  # type: ignore[attr-defined]
+                response.container_id,
+            )
+        )  # type: ignore[attr-defined]
+
+    hooks = HookTable()
+    hooks.register("CreateContainer", pre=pre, post=post)
+
+    async def main() -> None:
+        async with bed(hooks) as b, b.channel() as ch:
+            assert b.fake is not None
+            cid = await _sandbox_and_create(ch, pb, UNKNOWN_FIELD)
+            stored = b.fake.store.containers[cid]
+            assert stored.resources.cpuset_cpus == "1"
+            assert seen == [(pb.DESCRIPTOR.package.split(".")[1], "1", cid)]
+            # the runtime received the unknown field intact
+            assert stored.config.metadata.name == "app"
+
+    run(main())
+
+
+def test_unknown_fields_reach_the_runtime_after_a_hook_rewrites_the_request() -> None:
+    received: list[bytes] = []
+
+    class Raw(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                received.append(request)
+                return v1.CreateContainerResponse(container_id="c1").SerializeToString()
+
+            return grpc.unary_unary_rpc_method_handler(unary)
+
+    async def upstream(endpoint: str) -> grpc.aio.Server:
+        from tests.unit.relay_support import raw_server
+
+        return await raw_server(endpoint, Raw())
+
+    async def pre(request: Message, info: MethodInfo) -> Message:
+        request.config.linux.resources.cpuset_cpus = "0-3"  # type: ignore[attr-defined]
+        return request
+
+    hooks = HookTable()
+    hooks.register("CreateContainer", pre=pre)
+    config = v1.ContainerConfig(metadata=v1.ContainerMetadata(name="x"))
+    nested_unknown = config.SerializeToString() + UNKNOWN_FIELD
+    body = b"\x12" + bytes([len(nested_unknown)]) + nested_unknown + UNKNOWN_FIELD
+
+    async def main() -> None:
+        async with bed(hooks, upstream=upstream) as b, b.channel() as ch:
+            await ch.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(body)
+
+    run(main())
+    forwarded = v1.CreateContainerRequest.FromString(received[0])
+    assert forwarded.config.linux.resources.cpuset_cpus == "0-3"
+    assert forwarded.UnknownFields is not None
+    assert received[0].count(UNKNOWN_FIELD) == 2  # top level and inside ContainerConfig
+
+
+@pytest.mark.parametrize(("policy", "expect_code"), [("ignore", None), ("fail", grpc.StatusCode.INTERNAL)])
+def test_a_hook_that_raises_follows_the_fail_policy(policy: str, expect_code: grpc.StatusCode | None) -> None:
+    async def pre(request: Message, info: MethodInfo) -> Message:
+        request.config.linux.resources.cpuset_cpus = "7"  # type: ignore[attr-defined]
+        raise RuntimeError("hook bug")
+
+    hooks = HookTable()
+    hooks.register("CreateContainer", pre=pre)
+
+    async def main() -> None:
+        async with bed(hooks, fail_policy=policy) as b, b.channel() as ch:
+            assert b.fake is not None
+            if expect_code is None:
+                cid = await _sandbox_and_create(ch, v1)
+                # forwarded unchanged: the half-done change of the failed hook is not sent
+                assert b.fake.store.containers[cid].resources.cpuset_cpus == ""
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await _sandbox_and_create(ch, v1)
+                assert err.value.code() is expect_code
+                assert "CreateContainer" in (err.value.details() or "")
+                assert not b.fake.store.containers
+            version = _client(ch, v1, "Version", "VersionRequest", "VersionResponse")
+            assert (await version(v1.VersionRequest())).runtime_name  # other calls unaffected
+
+    run(main())
+
+
+def test_hook_error_refuses_the_call_with_its_code_and_message() -> None:
+    async def pre(request: Message, info: MethodInfo) -> Message:
+        raise HookError(grpc.StatusCode.INVALID_ARGUMENT, "pod default/web: bad annotation")
+
+    hooks = HookTable()
+    hooks.register("CreateContainer", pre=pre)
+
+    async def main() -> None:
+        async with bed(hooks) as b, b.channel() as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _sandbox_and_create(ch, v1)
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == "pod default/web: bad annotation"
+
+    run(main())
+
+
+@pytest.mark.parametrize("policy", ["ignore", "fail"])
+def test_a_request_that_does_not_decode(policy: str) -> None:
+    calls: list[str] = []
+
+    async def pre(request: Message, info: MethodInfo) -> Message:
+        calls.append("pre")
+        return request
+
+    hooks = HookTable()
+    hooks.register("CreateContainer", pre=pre)
+
+    async def main() -> None:
+        async with bed(hooks, fail_policy=policy) as b, b.channel() as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await ch.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(b"\x0a\xff\xff")
+            if policy == "fail":
+                assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            else:  # the runtime's own answer to bytes it cannot read
+                assert err.value.code() is not grpc.StatusCode.OK
+
+    run(main())
+    assert calls == []
+
+
+def test_failed_hook_runs_when_the_runtime_refuses() -> None:
+    failures: list[grpc.StatusCode] = []
+
+    async def failed(request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
+        failures.append(code)
+
+    hooks = HookTable()
+    hooks.register("CreateContainer", failed=failed)
+
+    async def main() -> None:
+        async with bed(hooks) as b, b.channel() as ch:
+            create = _client(ch, v1, "CreateContainer", "CreateContainerRequest", "CreateContainerResponse")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await create(v1.CreateContainerRequest(pod_sandbox_id="missing"))
+            assert err.value.code() is grpc.StatusCode.NOT_FOUND
+
+    run(main())
+    assert failures == [grpc.StatusCode.NOT_FOUND]
+
+
+def test_hook_table_refuses_unknown_and_streaming_methods() -> None:
+    table = HookTable()
+    with pytest.raises(ValueError, match="unknown CRI method"):
+        table.register("NoSuchMethod")
+    with pytest.raises(ValueError, match="streaming"):
+        table.register("GetContainerEvents")
+    table.register("ListImages", service="ImageService")
+    assert table.get("/runtime.v1.ImageService/ListImages") is not None
+    assert table.get("/runtime.v1alpha2.ImageService/ListImages") is not None
+    assert len(table) == 2

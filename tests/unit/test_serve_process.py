@@ -1,0 +1,210 @@
+"""`cri-proxy serve` as operators run it: a real process, a real socket, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cri_api.v1 import api_pb2 as v1
+from cri_proxy.client import CriClient
+
+CLI = str(Path(sys.executable).parent / "cri-proxy")
+
+
+def _wait_for_socket(path: Path, proc: subprocess.Popen[str], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited early: {proc.communicate()}")
+        if path.exists():
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(str(path))
+                return
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never answered")
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[Path]:
+    sock = tmp_path / "runtime.sock"
+    proc = _start(["fake-runtime", "--listen", f"unix://{sock}", "--latency-ms", "0"])
+    _wait_for_socket(sock, proc)
+    yield sock
+    proc.terminate()
+    proc.wait(10)
+
+
+def _serve(tmp_path: Path, runtime: Path, *extra: str) -> tuple[subprocess.Popen[str], Path]:
+    sock = tmp_path / "run" / "cri-proxy" / "proxy.sock"
+    proc = _start(
+        [
+            "serve",
+            "--config",
+            "/dev/null",
+            "--listen",
+            f"unix://{sock}",
+            "--runtime-endpoint",
+            f"unix://{runtime}",
+            *extra,
+        ]
+    )
+    _wait_for_socket(sock, proc)
+    return proc, sock
+
+
+def test_socket_is_0660_in_a_created_directory_and_removed_on_sigterm(tmp_path: Path, fake: Path) -> None:
+    proc, sock = _serve(tmp_path, fake)
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o660
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    with CriClient(f"unix://{sock}") as client:
+        assert client.runtime.Version(v1.VersionRequest()).runtime_name == "cri-proxy-fake-runtime"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert not sock.exists()
+
+
+def test_in_flight_calls_finish_on_sigterm(tmp_path: Path) -> None:
+    runtime = tmp_path / "slow.sock"
+    slow = _start(["fake-runtime", "--listen", f"unix://{runtime}", "--latency-ms", "1500"])
+    try:
+        _wait_for_socket(runtime, slow)
+        proc, sock = _serve(tmp_path, runtime, "--shutdown-grace", "10")
+        result: list[object] = []
+
+        def call() -> None:
+            with CriClient(f"unix://{sock}") as client:
+                try:
+                    result.append(client.runtime.Version(v1.VersionRequest()).runtime_name)
+                except grpc.RpcError as exc:
+                    result.append(exc)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        time.sleep(0.5)  # the call is now waiting on the slow runtime
+        proc.send_signal(signal.SIGTERM)
+        worker.join(15)
+        assert result == ["cri-proxy-fake-runtime"]
+        assert proc.wait(15) == 0
+        assert not sock.exists()
+    finally:
+        slow.terminate()
+        slow.wait(10)
+
+
+def test_a_stale_socket_file_is_replaced(tmp_path: Path, fake: Path) -> None:
+    sock = tmp_path / "run" / "cri-proxy" / "proxy.sock"
+    sock.parent.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as s:  # bound, then closed: a dead server's leftover
+        s.bind(str(sock))
+    assert sock.exists()
+    proc, sock = _serve(tmp_path, fake)
+    with CriClient(f"unix://{sock}") as client:
+        assert client.runtime.Version(v1.VersionRequest()).version
+    proc.terminate()
+    assert proc.wait(15) == 0
+
+
+def test_refuses_to_start_when_a_live_server_owns_the_socket(tmp_path: Path, fake: Path) -> None:
+    first, sock = _serve(tmp_path, fake)
+    try:
+        args = [
+            CLI,
+            "serve",
+            "--config",
+            "/dev/null",
+            "--listen",
+            f"unix://{sock}",
+            "--runtime-endpoint",
+            f"unix://{fake}",
+        ]
+        second = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        assert second.returncode != 0
+        assert "already listening" in second.stderr and str(sock) in second.stderr
+        with CriClient(f"unix://{sock}") as client:  # the first one is untouched
+            assert client.runtime.Version(v1.VersionRequest()).version
+    finally:
+        first.terminate()
+        first.wait(15)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "regular-file"])
+def test_refuses_a_socket_path_that_is_not_a_socket(tmp_path: Path, fake: Path, kind: str) -> None:
+    sock = tmp_path / "proxy.sock"
+    if kind == "symlink":
+        os.symlink(tmp_path / "elsewhere", sock)
+    else:
+        sock.write_text("precious")
+    out = subprocess.run(
+        [
+            CLI,
+            "serve",
+            "--config",
+            "/dev/null",
+            "--listen",
+            f"unix://{sock}",
+            "--runtime-endpoint",
+            f"unix://{fake}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode != 0
+    assert "refusing to listen" in out.stderr
+    assert sock.is_symlink() if kind == "symlink" else sock.read_text() == "precious"
+
+
+def test_config_file_sets_endpoints_and_flags_override(tmp_path: Path, fake: Path) -> None:
+    sock = tmp_path / "from-file.sock"
+    config = tmp_path / "config.toml"
+    config.write_text(f'listen = "unix://{sock}"\nruntime_endpoint = "unix:///nonexistent.sock"\n')
+    proc = _start(["serve", "--config", str(config), "--runtime-endpoint", f"unix://{fake}"])
+    try:
+        _wait_for_socket(sock, proc)
+        with CriClient(f"unix://{sock}") as client:
+            assert client.runtime.Version(v1.VersionRequest()).runtime_name == "cri-proxy-fake-runtime"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('listn = "unix:///x.sock"\n', "'listn'"),
+        ('max_recv_message_bytes = "big"\n', "max_recv_message_bytes"),
+        ('fail_policy = "sometimes"\n', "fail_policy"),
+        ("listen = [\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_refuses_to_start_naming_the_key(tmp_path: Path, text: str, names: str) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    out = subprocess.run([CLI, "serve", "--config", str(config)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert names in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
+    args = [CLI, "serve", "--config", str(tmp_path / "nope.toml")]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "does not exist" in out.stderr
