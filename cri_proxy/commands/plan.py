@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, TextIO
 
 from cri_proxy.cpu.decide import Plan, decide
+from cri_proxy.cpu.inputs import NodeInputs
 from cri_proxy.cpu.snapshot import load_snapshot, plan_to_json
 from cri_proxy.errors import SnapshotError
 
@@ -53,20 +55,30 @@ def run(args: argparse.Namespace) -> int:
     except SnapshotError as e:
         return _fail(path, f"bad snapshot: {e}")
     plan = decide(inputs)
-    if args.format == "table":
-        write_table(plan, sys.stdout)
-    else:
-        json.dump(plan_to_json(plan), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    try:
+        if args.format == "table":
+            write_table(plan, inputs, sys.stdout)
+        else:
+            json.dump(plan_to_json(plan), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `cri-proxy plan ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
-def write_table(plan: Plan, out: TextIO) -> None:
-    """One row per container (pod, container id, QoS, cpuset, why), then pools and problems."""
-    header = ("POD", "CONTAINER", "QOS", "CPUSET", "WHY")
+def write_table(plan: Plan, inputs: NodeInputs, out: TextIO) -> None:
+    """One row per container (pod, name, id, QoS, cpuset, why), then pools and problems.
+
+    `-` in the CPUSET column means "left unchanged" (not managed, or its pool is exhausted).
+    """
+    names = {c.id: c.name for p in inputs.pods for c in p.containers}
+    header = ("POD", "CONTAINER", "ID", "QOS", "CPUSET", "WHY")
+    ordered = sorted(plan.containers.items(), key=lambda item: (item[1].pod, names.get(item[0], ""), item[0]))
     rows = [header] + [
-        (d.pod, cid, "-" if d.qos is None else str(d.qos), "-" if d.cpuset is None else str(d.cpuset), d.why)
-        for cid, d in sorted(plan.containers.items(), key=lambda item: (item[1].pod, item[0]))
+        (d.pod, names.get(cid, "?"), cid, "-" if d.qos is None else str(d.qos),
+         "-" if d.cpuset is None else str(d.cpuset), d.why)
+        for cid, d in ordered
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for r in rows:

@@ -48,8 +48,8 @@ def test_table_output(snapshot: Path) -> None:
     r = _plan("--snapshot", str(snapshot), "--format", "table")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["POD", "CONTAINER", "QOS", "CPUSET", "WHY"]
-    assert any(line.split()[:4] == ["default/gs", "gs-app", "KUBELET", "1-2"] for line in lines)
+    assert lines[0].split() == ["POD", "CONTAINER", "ID", "QOS", "CPUSET", "WHY"]
+    assert any(line.split()[:5] == ["default/gs", "app", "gs-app", "KUBELET", "1-2"] for line in lines)
     assert "  ls  0,3-15" in lines and "  be  0,3-15" in lines
     assert "problems: none" in lines
 
@@ -61,6 +61,8 @@ def test_table_lists_problems(tmp_path: Path) -> None:
     r = _plan("--snapshot", str(path), "--format", "table")
     assert r.returncode == 0
     assert "  ls  (empty)" in r.stdout and "pool-exhausted  default/ls" in r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.startswith("default/ls "))
+    assert row.split()[3:5] == ["LS", "-"]
 
 
 @pytest.mark.parametrize("content", ["{not json", '{"pods": []}', '{"topology": {"numa_nodes": {"0": "0-"}}}',

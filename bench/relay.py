@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Relay overhead: the same CRI calls straight to the runtime and through `cri-proxy serve`.
+
+Interleaved in one run (direct, proxy, direct, proxy, ...) so machine noise hits both paths alike;
+prints p50/p99 per path and the proxy/direct ratio. Runs against a private real containerd
+(as root, via the e2e harness) or, with --runtime fake, against the bundled fake runtime.
+
+    .venv/bin/python bench/relay.py                 # real containerd, ~1 minute
+    .venv/bin/python bench/relay.py --runtime fake  # no root needed
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+from cri_api.v1 import api_pb2 as pb  # noqa: E402
+
+CLI = str(Path(sys.executable).parent / "cri-proxy")
+BIG_ANNOTATION = 16 * 1024
+
+
+def wait_socket(path: Path, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(400):
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args} exited {proc.returncode}")
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(path))
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{path} never answered")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Target:
+    def __init__(self, address: str) -> None:
+        opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        self.channel = grpc.insecure_channel(address, options=opts)
+        self.calls: dict[str, Callable[..., bytes]] = {}
+
+    def call(self, path: str) -> Callable[..., bytes]:
+        if path not in self.calls:
+            self.calls[path] = self.channel.unary_unary(path)
+        return self.calls[path]
+
+
+def measure(name: str, path: str, request: bytes, direct: Target, proxy: Target, n: int) -> dict[str, float]:
+    d_call, p_call = direct.call(path), proxy.call(path)
+    size = len(d_call(request, timeout=30))
+    for _ in range(max(3, n // 20)):  # warm-up, both paths
+        d_call(request, timeout=30)
+        p_call(request, timeout=30)
+    d: list[float] = []
+    p: list[float] = []
+    for i in range(n):
+        order = ((d_call, d), (p_call, p)) if i % 2 == 0 else ((p_call, p), (d_call, d))
+        for fn, out in order:
+            t0 = time.perf_counter()
+            fn(request, timeout=30)
+            out.append(time.perf_counter() - t0)
+    row = {
+        "direct_p50": percentile(d, 0.5),
+        "direct_p99": percentile(d, 0.99),
+        "proxy_p50": percentile(p, 0.5),
+        "proxy_p99": percentile(p, 0.99),
+        "bytes": size,
+    }
+    row["ratio_p50"] = row["proxy_p50"] / row["direct_p50"]
+    row["ratio_p99"] = row["proxy_p99"] / row["direct_p99"]
+    row["overhead_p50_us"] = (row["proxy_p50"] - row["direct_p50"]) * 1e6
+    print(
+        f"{name:<28} {size:>9} B  direct p50 {row['direct_p50'] * 1e3:7.3f} ms"
+        f" p99 {row['direct_p99'] * 1e3:7.3f}"
+        f" | proxy p50 {row['proxy_p50'] * 1e3:7.3f} ms p99 {row['proxy_p99'] * 1e3:7.3f}"
+        f" | ratio p50 {row['ratio_p50']:.2f} p99 {row['ratio_p99']:.2f}"
+        f" (+{row['overhead_p50_us']:.0f} µs)",
+        flush=True,
+    )
+    return row
+
+
+def populate(address: str, pods: int, per_pod: int, annotation_bytes: int = 0, label: str = "") -> str:
+    """Create pods with created (not started) containers through `address`; returns the last pod id."""
+    from kube import container_config, pod_sandbox_config
+
+    channel = grpc.insecure_channel(address)
+    from cri_api.v1 import api_pb2_grpc
+
+    rt = api_pb2_grpc.RuntimeServiceStub(channel)
+    last = ""
+    annotations = {"bench/padding": "x" * annotation_bytes} if annotation_bytes else {}
+
+    def one(pod_id: str, pod: object, i: int) -> None:
+        cfg = container_config(pb, pod, f"c{i}", annotations=annotations)
+        rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod), timeout=60
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for p in range(pods):
+            pod = pod_sandbox_config(
+                pb, f"bench{label}-{p}", qos="besteffort", labels={"bench": label or "plain"}
+            )
+            last = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=pod), timeout=60).pod_sandbox_id
+            list(pool.map(lambda i, pod_id=last, pod=pod: one(pod_id, pod, i), range(per_pod)))
+    channel.close()
+    return last
+
+
+def proxy_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd")
+    parser.add_argument("-n", type=int, default=1000, help="samples per path for tiny calls")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="cri-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    containerd = None
+    try:
+        if args.runtime == "containerd":
+            from containerd import PrivateContainerd, missing_tools, run_setup_script
+
+            if missing_tools():
+                run_setup_script()
+            containerd = PrivateContainerd().start()
+            runtime_address = containerd.address
+        else:
+            sock = work / "fake.sock"
+            fake = subprocess.Popen(
+                [CLI, "fake-runtime", "--listen", f"unix://{sock}", "--log-level", "WARNING"]
+            )
+            procs.append(fake)
+            wait_socket(sock, fake)
+            runtime_address = f"unix://{sock}"
+        proxy_sock = work / "proxy.sock"
+        proxy_proc = subprocess.Popen(
+            [
+                CLI,
+                "serve",
+                "--config",
+                "/dev/null",
+                "--listen",
+                f"unix://{proxy_sock}",
+                "--runtime-endpoint",
+                runtime_address,
+                "--log-level",
+                "WARNING",
+            ]
+        )
+        procs.append(proxy_proc)
+        wait_socket(proxy_sock, proxy_proc)
+        direct, proxy = Target(runtime_address), Target(f"unix://{proxy_sock}")
+        print(
+            f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}; "
+            f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs",
+            flush=True,
+        )
+        rss_start = proxy_rss_kib(proxy_proc.pid)
+
+        rs = "/runtime.v1.RuntimeService/"
+        empty = b""
+        measure(
+            "Version",
+            rs + "Version",
+            pb.VersionRequest(version="v1").SerializeToString(),
+            direct,
+            proxy,
+            args.n,
+        )
+        populate(runtime_address, 1, 10)
+        measure("ListPodSandbox (1 pod)", rs + "ListPodSandbox", empty, direct, proxy, args.n)
+        measure("ListImages", "/runtime.v1.ImageService/ListImages", empty, direct, proxy, args.n)
+        measure("ListContainers (10)", rs + "ListContainers", empty, direct, proxy, args.n)
+        populate(runtime_address, 11, 90)  # 10 + 990 = 1,000 containers
+        measure("ListContainers (1,000)", rs + "ListContainers", empty, direct, proxy, max(50, args.n // 5))
+        big_pod = populate(runtime_address, 1, 256, annotation_bytes=BIG_ANNOTATION, label="big")
+        big = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=big_pod)).SerializeToString()
+        measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
+        print(f"proxy RSS: {rss_start} KiB at start, {proxy_rss_kib(proxy_proc.pid)} KiB at end", flush=True)
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        if containerd is not None:
+            from containerd import connect, remove_all_pods
+
+            with connect(containerd.address) as cri:
+                remove_all_pods(cri, timeout=120)
+            containerd.stop()
+
+
+if __name__ == "__main__":
+    main()
