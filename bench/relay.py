@@ -166,6 +166,10 @@ def main() -> None:
             [
                 CLI,
                 "serve",
+                "--state-dir",
+                str(work / "state"),
+                "--kubelet-state-file",
+                str(work / "cpu_manager_state"),
                 "--config",
                 "/dev/null",
                 "--listen",

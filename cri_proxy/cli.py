@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 
 from cri_proxy import __version__
-from cri_proxy.commands import fake_runtime, plan, serve
+from cri_proxy.commands import ctl, fake_runtime, plan, serve
 
-_COMMANDS = (serve, fake_runtime, plan)
+_COMMANDS = (serve, fake_runtime, plan, ctl)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from cri_proxy.errors import ConfigError
+from cri_proxy.cpu.cpuset import CPUSet
+from cri_proxy.errors import ConfigError, CpuError
 
 DEFAULT_CONFIG_FILE = Path("/etc/cri-proxy/config.toml")
 DEFAULT_LISTEN = "unix:///run/cri-proxy/cri-proxy.sock"
@@ -31,6 +32,16 @@ class Config:
     fail_policy: str = "ignore"
     log_level: str = "INFO"
     socket_group: str = ""
+    state_dir: str = "/var/lib/cri-proxy"
+    kubelet_state_file: str = "/var/lib/kubelet/cpu_manager_state"
+    sysfs_root: str = "/sys"
+    reserved_cpus: str = ""
+    system_cpus: str = ""
+    dry_run: bool = False
+    exclusive_wait_seconds: float = 5.0
+    reconcile_concurrency: int = 8
+    reconcile_period_seconds: float = 30.0
+    kubelet_poll_seconds: float = 1.0
 
     def validate(self) -> Config:
         if self.fail_policy not in ("ignore", "fail"):
@@ -52,6 +63,16 @@ class Config:
             "CRITICAL",
         ):
             raise ConfigError(f"log_level: unknown level {self.log_level!r}")
+        for key in ("reserved_cpus", "system_cpus"):
+            try:
+                CPUSet.parse(getattr(self, key))
+            except CpuError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+        for key in ("exclusive_wait_seconds", "reconcile_period_seconds", "kubelet_poll_seconds"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: must not be negative, not {getattr(self, key)}")
+        if self.reconcile_concurrency < 1:
+            raise ConfigError(f"reconcile_concurrency: must be at least 1, not {self.reconcile_concurrency}")
         for key in ("listen", "runtime_endpoint"):
             if not getattr(self, key):
                 raise ConfigError(f"{key}: must not be empty")

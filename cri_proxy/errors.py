@@ -33,3 +33,11 @@ class ConfigError(CriProxyError):
 
 class EndpointError(CriProxyError):
     """A socket or endpoint the proxy cannot use (live owner, symlink, bad address)."""
+
+
+class CheckpointError(CriProxyError):
+    """A checkpoint file that cannot be written, or read back (names the path and what was wrong)."""
+
+
+class StateLockedError(CriProxyError):
+    """Another cri-proxy process uses the same state directory."""

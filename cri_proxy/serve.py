@@ -1,13 +1,184 @@
-"""Wire the proxy together: relay + (later) hooks, state, reconciler. The only place that knows all."""
+"""Wire the proxy together: relay + hooks + state + reconciler + sources. The only place that knows all.
+
+Start: read the topology, load the checkpoint, recover from the runtime (briefly; in the
+background if the runtime is not there yet), serve; then keep the kubelet state file, the
+checkpoint and the reconciler going until SIGTERM.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from loguru import logger
+from tenacity import AsyncRetrying, stop_after_delay, stop_never, wait_exponential
+
 from cri_proxy.config import Config
+from cri_proxy.cpu import CPUSet
+from cri_proxy.enforce.hooks import EnforceHooks
+from cri_proxy.enforce.introspect import Introspection
+from cri_proxy.enforce.policy import Policy
+from cri_proxy.enforce.reconciler import Reconciler, channel_sender
+from cri_proxy.enforce.recovery import recover
+from cri_proxy.errors import CheckpointError
+from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
+from cri_proxy.sources.kubelet_file import KubeletStateFile
+from cri_proxy.state import checkpoint
+from cri_proxy.state.checkpoint import Records
+from cri_proxy.state.lock import StateDirLock
+from cri_proxy.state.model import ContainerState, NodeState
+from cri_proxy.sysfs import read_topology
+
+CHECKPOINT_NAME = "checkpoint.json"
+
+
+class Proxy:
+    """Everything `serve` runs, built from one Config; tests build it in-process too."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state = NodeState()
+        self.kubelet = KubeletStateFile(config.kubelet_state_file)
+        self.kubelet.poll()
+        self.policy = Policy(
+            self.state,
+            read_topology(config.sysfs_root),
+            CPUSet.parse(config.reserved_cpus),
+            CPUSet.parse(config.system_cpus),
+            self.kubelet,
+        )
+        self.table = HookTable()
+        self.introspection = Introspection(self.state, self.policy)
+        self.relay = Relay(config, self.table, extra_handlers=(self.introspection,))
+        self.reconciler = Reconciler(
+            self.state,
+            self.policy,
+            channel_sender(self.relay.channel),
+            concurrency=config.reconcile_concurrency,
+            period=config.reconcile_period_seconds,
+            dry_run=config.dry_run,
+        )
+        self.introspection.reconciler = self.reconciler
+        self.hooks = EnforceHooks(
+            self.state,
+            self.policy,
+            self.reconciler,
+            fail_policy=FailPolicy(config.fail_policy),
+            dry_run=config.dry_run,
+            exclusive_wait=config.exclusive_wait_seconds,
+        )
+        self.hooks.register(self.table)
+        self.checkpoint_path = Path(config.state_dir) / CHECKPOINT_NAME
+        self.lock = StateDirLock(config.state_dir)
+        self.recovered = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._saved_generation = -1
+        self._last_save_error = ""
+
+    # -- start-up -----------------------------------------------------------------------------
+    def load_checkpoint(self) -> Records | None:
+        try:
+            loaded = checkpoint.load(self.checkpoint_path)
+        except CheckpointError as exc:
+            logger.warning("checkpoint unusable, rebuilding from the runtime: {}", exc)
+            return None
+        if loaded is not None:
+            pods, containers = loaded
+            self.state.replace_all(pods, containers)
+            logger.info("checkpoint: {} pods, {} containers", len(pods), len(containers))
+        return loaded
+
+    async def recover(self, saved: Records | None, give_up_after: float | None) -> bool:
+        """Learn every pod and container the runtime has; True when done."""
+        stop = stop_after_delay(give_up_after) if give_up_after is not None else stop_never
+        try:
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential(multiplier=0.2, max=5.0),
+                reraise=True,
+                stop=stop,
+            ):
+                with attempt:
+                    found = await recover(self.relay.channel, saved)
+        except Exception as exc:
+            logger.warning("recovery from runtime {} not done yet: {}", self.config.runtime_endpoint, exc)
+            return False
+        pending = [c for c in self.state.containers() if c.state is ContainerState.PENDING]
+        self.state.replace_all(found.pods, [*found.containers, *pending])
+        for problem in found.problems:
+            logger.warning("recovery: {}", problem)
+        logger.info(
+            "recovered from the runtime: {} pods, {} containers", len(found.pods), len(found.containers)
+        )
+        self.recovered.set()
+        self.reconciler.request()
+        return True
+
+    async def start(self) -> None:
+        trouble = self.lock.acquire()
+        if trouble is not None:
+            logger.warning("{} (working without a checkpoint lock)", trouble)
+        saved = self.load_checkpoint()
+        done = await self.recover(saved, give_up_after=3.0)
+        await self.relay.start()
+        self._spawn(self.reconciler.run)
+        self._spawn(self._watch_kubelet)
+        self._spawn(self._keep_checkpoint)
+        if not done:
+            self._spawn(lambda: self._recover_later(saved))
+
+    def _spawn(self, job: Callable[[], Awaitable[None]]) -> None:
+        self._tasks.append(asyncio.ensure_future(job()))
+
+    async def _recover_later(self, saved: Records | None) -> None:
+        await self.recover(saved, give_up_after=None)
+
+    # -- running ------------------------------------------------------------------------------
+    async def _watch_kubelet(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.kubelet_poll_seconds)
+            if self.kubelet.poll():
+                if self.kubelet.problem is not None:
+                    logger.warning("{}", self.kubelet.problem.message)
+                else:
+                    logger.info("kubelet state file {} changed", self.kubelet.path)
+                self.policy.facts_changed()
+                self.reconciler.request()
+
+    async def _keep_checkpoint(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            await self.save_checkpoint()
+
+    async def save_checkpoint(self) -> None:
+        generation = self.state.generation
+        if generation == self._saved_generation:
+            return
+        try:
+            await asyncio.to_thread(checkpoint.save, self.checkpoint_path, self.state)
+        except CheckpointError as exc:
+            if str(exc) != self._last_save_error:  # report once, keep working in memory
+                logger.error("checkpoint not written (working in memory): {}", exc)
+                self._last_save_error = str(exc)
+            return
+        self._saved_generation = generation
+        self._last_save_error = ""
+
+    async def stop(self) -> None:
+        await self.relay.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.lock.held:
+            await self.save_checkpoint()
+        self.lock.release()
 
 
 async def serve(config: Config) -> None:
-    hooks = HookTable()
-    relay = Relay(config, hooks)
-    await run_until_signalled(relay)
+    proxy = Proxy(config)
+    await run_until_signalled(proxy.start, proxy.stop)

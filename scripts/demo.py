@@ -134,6 +134,10 @@ def main() -> int:
                 [
                     CLI,
                     "serve",
+                    "--state-dir",
+                    str(work / "state"),
+                    "--kubelet-state-file",
+                    str(work / "cpu_manager_state"),
                     "--config",
                     "/dev/null",
                     "--listen",

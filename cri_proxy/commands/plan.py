@@ -76,8 +76,14 @@ def write_table(plan: Plan, inputs: NodeInputs, out: TextIO) -> None:
     header = ("POD", "CONTAINER", "ID", "QOS", "CPUSET", "WHY")
     ordered = sorted(plan.containers.items(), key=lambda item: (item[1].pod, names.get(item[0], ""), item[0]))
     rows = [header] + [
-        (d.pod, names.get(cid, "?"), cid, "-" if d.qos is None else str(d.qos),
-         "-" if d.cpuset is None else str(d.cpuset), d.why)
+        (
+            d.pod,
+            names.get(cid, "?"),
+            cid,
+            "-" if d.qos is None else str(d.qos),
+            "-" if d.cpuset is None else str(d.cpuset),
+            d.why,
+        )
         for cid, d in ordered
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]

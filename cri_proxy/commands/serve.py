@@ -34,6 +34,22 @@ def register(sub: Any) -> None:
         help="when a hook fails: forward unchanged (ignore, default) or refuse the call",
     )
     p.add_argument("--log-level", help="TRACE, DEBUG, INFO (default), WARNING, ERROR")
+    p.add_argument("--state-dir", help="where the checkpoint lives (default /var/lib/cri-proxy)")
+    p.add_argument(
+        "--kubelet-state-file",
+        help="kubelet's CPU manager state (default /var/lib/kubelet/cpu_manager_state)",
+    )
+    p.add_argument("--sysfs-root", help="sysfs to read the CPU topology from (default /sys)")
+    p.add_argument("--reserved-cpus", help="CPUs never handed to a share pool (cpulist, default none)")
+    p.add_argument("--system-cpus", help="CPUs for SYSTEM-class pods (cpulist, default: the LS pool)")
+    p.add_argument(
+        "--dry-run", action="store_const", const=True, default=None, help="decide and report, change nothing"
+    )
+    p.add_argument(
+        "--exclusive-wait",
+        type=float,
+        help="seconds a new LSE/LSR container waits for others to leave its CPUs (default 5)",
+    )
     p.set_defaults(func=run)
 
 
@@ -49,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
         "shutdown_grace_seconds": args.shutdown_grace,
         "fail_policy": args.fail_policy,
         "log_level": args.log_level,
+        "state_dir": args.state_dir,
+        "kubelet_state_file": args.kubelet_state_file,
+        "sysfs_root": args.sysfs_root,
+        "reserved_cpus": args.reserved_cpus,
+        "system_cpus": args.system_cpus,
+        "dry_run": args.dry_run,
+        "exclusive_wait_seconds": args.exclusive_wait,
     }
     try:
         config = config_mod.load(args.config, overrides)

@@ -93,8 +93,12 @@ class _Decider:
         """LS pool, narrowed to the allocation's NUMA nodes/sockets when it names any."""
         pool = self.pools.ls
         if not pool:
-            return _Rule(qos, None, prefix + "LS share pool is empty: left unchanged",
-                         ((ProblemKind.POOL_EXHAUSTED, "the LS share pool is empty"),))
+            return _Rule(
+                qos,
+                None,
+                prefix + "LS share pool is empty: left unchanged",
+                ((ProblemKind.POOL_EXHAUSTED, "the LS share pool is empty"),),
+            )
         if allocation is None or not allocation.numa_bound:
             return _Rule(qos, pool, prefix + "LS share pool")
         key = (allocation.numa_nodes, allocation.sockets)
@@ -105,8 +109,11 @@ class _Decider:
             if narrowed:
                 found = (narrowed, f"LS share pool on {where}", ())
             else:
-                found = (pool, f"whole LS share pool: none of it on {where}",
-                         ((ProblemKind.NUMA_EMPTY, f"no LS pool CPU on {where}: whole LS pool used"),))
+                found = (
+                    pool,
+                    f"whole LS share pool: none of it on {where}",
+                    ((ProblemKind.NUMA_EMPTY, f"no LS pool CPU on {where}: whole LS pool used"),),
+                )
             self._numa[key] = found
         cpuset, why, notes = found
         return _Rule(qos, cpuset, prefix + why, notes)
@@ -118,8 +125,11 @@ class _Decider:
         if qos in EXCLUSIVE_CLASSES:
             if view.exclusive_cpus:
                 whole = view.allocation is not None and view.allocation.cpuset == view.exclusive_cpus
-                return _Rule(qos, view.exclusive_cpus, "allocation cpuset" if whole
-                             else "allocation cpuset, offline CPUs dropped")
+                return _Rule(
+                    qos,
+                    view.exclusive_cpus,
+                    "allocation cpuset" if whole else "allocation cpuset, offline CPUs dropped",
+                )
             alloc = view.allocation
             if alloc is None or not alloc.cpuset:
                 rule = self.ls_rule(qos, alloc, "no allocation cpuset: ")
@@ -131,8 +141,12 @@ class _Decider:
         if qos is QoS.BE:
             if self.pools.be:
                 return _Rule(qos, self.pools.be, "BE share pool")
-            return _Rule(qos, None, "BE share pool is empty: left unchanged",
-                         ((ProblemKind.POOL_EXHAUSTED, "the BE share pool is empty"),))
+            return _Rule(
+                qos,
+                None,
+                "BE share pool is empty: left unchanged",
+                ((ProblemKind.POOL_EXHAUSTED, "the BE share pool is empty"),),
+            )
         # SYSTEM
         if self.system:
             return _Rule(qos, self.system, "system_cpus")
@@ -171,9 +185,14 @@ def _conflicts(claims: list[tuple[str, CPUSet]], shared: CPUSet) -> list[Problem
             others = [k for k in candidates if k != key]
             if others:
                 more = " and others" if len(others) > _MAX_NAMED else ""
-                problems.append(Problem(key, ProblemKind.EXCLUSIVE_CONFLICT,
-                                        f"CPUs {overlap} of allocation cpuset {CPUSet(mask)} are also "
-                                        f"claimed by {', '.join(others[:_MAX_NAMED])}{more}"))
+                problems.append(
+                    Problem(
+                        key,
+                        ProblemKind.EXCLUSIVE_CONFLICT,
+                        f"CPUs {overlap} of allocation cpuset {CPUSet(mask)} are also "
+                        f"claimed by {', '.join(others[:_MAX_NAMED])}{more}",
+                    )
+                )
     return problems
 
 
@@ -213,9 +232,14 @@ class _Survey:
         if pod_class in EXCLUSIVE_CLASSES and cpus is not None:
             exclusive = cpus & online
             if exclusive != cpus:
-                self.problems.append(Problem(key, ProblemKind.CPUS_NOT_ONLINE,
-                                             f"allocation cpuset {cpus} names CPUs {cpus - online} "
-                                             f"that are not online; using {exclusive or 'none'}"))
+                self.problems.append(
+                    Problem(
+                        key,
+                        ProblemKind.CPUS_NOT_ONLINE,
+                        f"allocation cpuset {cpus} names CPUs {cpus - online} "
+                        f"that are not online; using {exclusive or 'none'}",
+                    )
+                )
             self.shared |= cpus.mask & self.claimed
             self.claimed |= cpus.mask
             self.claims.append((key, cpus))
@@ -236,8 +260,13 @@ def decide(inputs: NodeInputs) -> Plan:
     problems = survey.problems
     if survey.shared:
         problems.extend(_conflicts(survey.claims, CPUSet(survey.shared)))
-    pools = compute_pools(online, inputs.reserved, CPUSet(survey.lse), CPUSet(survey.lsr),
-                          kubelet_exclusive(kube, survey.skip_uids, survey.skip_cids))
+    pools = compute_pools(
+        online,
+        inputs.reserved,
+        CPUSet(survey.lse),
+        CPUSet(survey.lsr),
+        kubelet_exclusive(kube, survey.skip_uids, survey.skip_cids),
+    )
     decider = _Decider(inputs.topology, pools, inputs.system)
     decisions: dict[str, ContainerDecision] = {}
 

@@ -127,8 +127,11 @@ def inputs_from_snapshot(data: object) -> NodeInputs:
         try:
             kubelet = parse_kubelet_state(raw_state)
         except KubeletStateError as e:
-            problems = (Problem(None, ProblemKind.BAD_KUBELET_STATE,
-                                f"kubelet_cpu_manager_state: {e}; treated as absent"),)
+            problems = (
+                Problem(
+                    None, ProblemKind.BAD_KUBELET_STATE, f"kubelet_cpu_manager_state: {e}; treated as absent"
+                ),
+            )
     return NodeInputs(
         topology=topology,
         pods=pods,
@@ -188,8 +191,11 @@ def inputs_to_snapshot(inputs: NodeInputs) -> dict[str, Any]:
         "kubelet_cpu_manager_state": state,
         "pods": [
             {
-                "uid": p.uid, "name": p.name, "namespace": p.namespace,
-                "labels": dict(p.labels), "annotations": dict(p.annotations),
+                "uid": p.uid,
+                "name": p.name,
+                "namespace": p.namespace,
+                "labels": dict(p.labels),
+                "annotations": dict(p.annotations),
                 "cgroup_parent": p.cgroup_parent,
                 "containers": [{"id": c.id, "name": c.name} for c in p.containers],
             }

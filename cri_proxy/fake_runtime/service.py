@@ -18,24 +18,13 @@ import grpc.aio
 from google.protobuf.json_format import MessageToDict
 
 from cri_proxy.fake_runtime.store import Container, Sandbox, Store, now_ns
+from cri_proxy.state.resources import merge_linux_resources
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
 def _labels_match(labels: Any, selector: Any) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
-
-
-def merge_linux_resources(current: Any, update: Any) -> None:
-    """containerd's rule: fields set (non-zero, non-empty) in the update override, the rest stay."""
-    for fd, value in update.ListFields():
-        if fd.name == "unified":
-            current.unified.update(value)
-        elif fd.name == "hugepage_limits":
-            del current.hugepage_limits[:]
-            current.hugepage_limits.extend(value)
-        else:
-            setattr(current, fd.name, value)
 
 
 class RuntimeServicer:

@@ -62,6 +62,7 @@ class Relay:
         # Our own services (health, introspection) first; the forwarder answers everything else.
         self.server.add_generic_rpc_handlers((*extra_handlers, self.forwarder))
         self._socket = socket_path(config.listen)
+        self._bound = False  # only a socket we bound is ours to remove
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -70,6 +71,7 @@ class Relay:
             old = os.umask(0o117)  # the socket is born 0660: no moment where others may connect
             try:
                 self._bind()
+                self._bound = True
             finally:
                 os.umask(old)
             self._secure_socket(self._socket)
@@ -103,7 +105,7 @@ class Relay:
         self._stopped.set()
         await self.server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
         await self.channel.close(None)
-        if self._socket is not None:
+        if self._socket is not None and self._bound:
             remove_socket(self._socket)
         logger.info("cri-proxy stopped")
 
@@ -111,20 +113,20 @@ class Relay:
         await self._stopped.wait()
 
 
-async def run_until_signalled(relay: Relay, on_ready: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+async def run_until_signalled(
+    start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
+) -> None:
+    """`start()`, serve until SIGTERM or SIGINT, then `stop()` (which shuts down gracefully)."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    signalled = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await relay.start()
-    if on_ready is not None:
-        await on_ready()
+        loop.add_signal_handler(signum, signalled.set)
     try:
-        await stop.wait()
-        logger.info("signal received: stopping (grace {} s)", relay.config.shutdown_grace_seconds)
+        await start()
+        await signalled.wait()
+        logger.info("signal received: stopping")
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
-        await relay.stop()
+        await stop()

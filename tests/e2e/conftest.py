@@ -118,10 +118,10 @@ def containerd_cri(request: pytest.FixtureRequest, containerd: PrivateContainerd
 class ProxyProcess:
     """`cri-proxy serve` as a real process in front of the private containerd."""
 
-    def __init__(self, containerd: PrivateContainerd, *extra: str) -> None:
-        self.socket = containerd.workdir / "proxy" / "cri-proxy.sock"
+    def __init__(self, containerd: PrivateContainerd, *extra: str, name: str = "proxy") -> None:
+        self.socket = containerd.workdir / name / "cri-proxy.sock"
         self.address = f"unix://{self.socket}"
-        self.log_path = containerd.workdir / "proxy.log"
+        self.log_path = containerd.workdir / f"{name}.log"
         self.args = [
             str(Path(sys.executable).parent / "cri-proxy"),
             "serve",
@@ -131,6 +131,10 @@ class ProxyProcess:
             self.address,
             "--runtime-endpoint",
             containerd.address,
+            "--state-dir",
+            str(containerd.workdir / "proxy-state"),
+            "--kubelet-state-file",
+            str(containerd.workdir / "cpu_manager_state"),
             *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -168,8 +172,12 @@ class ProxyProcess:
 
 @pytest.fixture(scope="session")
 def proxy(containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
-    """One `cri-proxy serve` in front of the session's containerd."""
-    process = ProxyProcess(containerd).start()
+    """One `cri-proxy serve --dry-run` in front of the session's containerd: the pure relay.
+
+    Dry-run decides and reports but changes no request, so these tests see exactly what the
+    runtime does; the enforcement tests start proxies of their own.
+    """
+    process = ProxyProcess(containerd, "--dry-run").start()
     try:
         yield process
     finally:

@@ -57,6 +57,10 @@ def _serve(tmp_path: Path, runtime: Path, *extra: str) -> tuple[subprocess.Popen
     proc = _start(
         [
             "serve",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--kubelet-state-file",
+            str(tmp_path / "cpu_manager_state"),
             "--config",
             "/dev/null",
             "--listen",
@@ -134,10 +138,21 @@ def test_refuses_to_start_when_a_live_server_owns_the_socket(tmp_path: Path, fak
             f"unix://{sock}",
             "--runtime-endpoint",
             f"unix://{fake}",
+            "--kubelet-state-file",
+            str(tmp_path / "cms"),
         ]
-        second = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        # another state directory: the socket check refuses
+        second = subprocess.run(
+            [*args, "--state-dir", str(tmp_path / "state2")], capture_output=True, text=True, timeout=30
+        )
         assert second.returncode != 0
         assert "already listening" in second.stderr and str(sock) in second.stderr
+        # the same state directory: its lock refuses (one proxy per checkpoint)
+        third = subprocess.run(
+            [*args, "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=30
+        )
+        assert third.returncode != 0
+        assert "another cri-proxy holds" in third.stderr
         with CriClient(f"unix://{sock}") as client:  # the first one is untouched
             assert client.runtime.Version(v1.VersionRequest()).version
     finally:
@@ -156,6 +171,10 @@ def test_refuses_a_socket_path_that_is_not_a_socket(tmp_path: Path, fake: Path, 
         [
             CLI,
             "serve",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--kubelet-state-file",
+            str(tmp_path / "cpu_manager_state"),
             "--config",
             "/dev/null",
             "--listen",
@@ -176,7 +195,17 @@ def test_config_file_sets_endpoints_and_flags_override(tmp_path: Path, fake: Pat
     sock = tmp_path / "from-file.sock"
     config = tmp_path / "config.toml"
     config.write_text(f'listen = "unix://{sock}"\nruntime_endpoint = "unix:///nonexistent.sock"\n')
-    proc = _start(["serve", "--config", str(config), "--runtime-endpoint", f"unix://{fake}"])
+    proc = _start(
+        [
+            "serve",
+            "--config",
+            str(config),
+            "--runtime-endpoint",
+            f"unix://{fake}",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ]
+    )
     try:
         _wait_for_socket(sock, proc)
         with CriClient(f"unix://{sock}") as client:

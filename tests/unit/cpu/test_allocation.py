@@ -16,21 +16,30 @@ GOOD: dict[str, tuple[Any, Allocation]] = {
     "cpuset": ({"cpuset": "0-3,8-11"}, Allocation(CPUSet.parse("0-3,8-11"))),
     "empty cpuset": ({"cpuset": ""}, Allocation(CPUSet())),
     "null cpuset": ({"cpuset": None}, Allocation()),
-    "numaNodeResources": ({"numaNodeResources": [{"node": 1, "resources": {"cpu": "2"}}]},
-                          Allocation(numa_nodes=frozenset({1}))),
-    "numaNodeResources without resources": ({"numaNodeResources": [{"node": 0}, {"node": 1}]},
-                                            Allocation(numa_nodes=frozenset({0, 1}))),
-    "cpuSharedPools": ({"cpuSharedPools": [{"socket": 0, "node": 1, "cpuset": "8-15"}]},
-                       Allocation(numa_nodes=frozenset({1}))),
+    "numaNodeResources": (
+        {"numaNodeResources": [{"node": 1, "resources": {"cpu": "2"}}]},
+        Allocation(numa_nodes=frozenset({1})),
+    ),
+    "numaNodeResources without resources": (
+        {"numaNodeResources": [{"node": 0}, {"node": 1}]},
+        Allocation(numa_nodes=frozenset({0, 1})),
+    ),
+    "cpuSharedPools": (
+        {"cpuSharedPools": [{"socket": 0, "node": 1, "cpuset": "8-15"}]},
+        Allocation(numa_nodes=frozenset({1})),
+    ),
     "numaNode int": ({"numaNode": 0}, Allocation(numa_nodes=frozenset({0}))),
     "numaNode list": ({"numaNode": [0, 2]}, Allocation(numa_nodes=frozenset({0, 2}))),
     "numaSocket int": ({"numaSocket": 1}, Allocation(sockets=frozenset({1}))),
     "numaSocket list": ({"numaSocket": [0, 1]}, Allocation(sockets=frozenset({0, 1}))),
     "nodes are the union of all three": (
         {"numaNodeResources": [{"node": 1}], "cpuSharedPools": [{"node": 2}], "numaNode": [3]},
-        Allocation(numa_nodes=frozenset({1, 2, 3}))),
-    "nulls are absent": ({"numaNodeResources": None, "cpuSharedPools": None, "numaNode": None,
-                          "numaSocket": None}, Allocation()),
+        Allocation(numa_nodes=frozenset({1, 2, 3})),
+    ),
+    "nulls are absent": (
+        {"numaNodeResources": None, "cpuSharedPools": None, "numaNode": None, "numaSocket": None},
+        Allocation(),
+    ),
     "unknown fields ignored": ({"cpuset": "1", "future": {"x": [1]}}, Allocation(CPUSet.parse("1"))),
 }
 

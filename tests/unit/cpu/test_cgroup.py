@@ -17,13 +17,20 @@ CASES: dict[str, tuple[str, CgroupParent | None]] = {
     "cgroupfs root prefix": ("/custom/root/kubepods/besteffort/poda", CgroupParent(BE, "a")),
     "cgroupfs root prefix guaranteed": ("/custom/kubepods/poda", CgroupParent(G, "a")),
     "systemd guaranteed": ("/kubepods.slice/kubepods-pod12_34.slice", CgroupParent(G, "12-34")),
-    "systemd burstable": ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poda_b.slice",
-                          CgroupParent(BU, "a-b")),
-    "systemd besteffort": ("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb.slice",
-                           CgroupParent(BE, "b")),
+    "systemd burstable": (
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poda_b.slice",
+        CgroupParent(BU, "a-b"),
+    ),
+    "systemd besteffort": (
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb.slice",
+        CgroupParent(BE, "b"),
+    ),
     "systemd slice name only": ("kubepods-burstable-podx.slice", CgroupParent(BU, "x")),
-    "systemd root prefix": ("/custom.slice/custom-kubepods.slice/custom-kubepods-besteffort.slice/"
-                            "custom-kubepods-besteffort-podz.slice", CgroupParent(BE, "z")),
+    "systemd root prefix": (
+        "/custom.slice/custom-kubepods.slice/custom-kubepods-besteffort.slice/"
+        "custom-kubepods-besteffort-podz.slice",
+        CgroupParent(BE, "z"),
+    ),
     "empty": ("", None),
     "root": ("/", None),
     "system slice": ("/system.slice/containerd.service", None),

@@ -131,8 +131,11 @@ def test_format_is_canonical_and_round_trips(ids: frozenset[int]) -> None:
     assert CPUSet.parse(text) == s
     assert " " not in text
     # canonical: items ascending, runs maximal (no two items touch)
-    bounds = [tuple(map(int, item.split("-"))) if "-" in item else (int(item),) * 2
-              for item in text.split(",") if item]
+    bounds = [
+        tuple(map(int, item.split("-"))) if "-" in item else (int(item),) * 2
+        for item in text.split(",")
+        if item
+    ]
     for (_, hi), (lo, _) in itertools.pairwise(bounds):
         assert lo > hi + 1
 

@@ -10,8 +10,12 @@ import pytest
 from cri_proxy.cpu import CPUSet, parse_kubelet_state, parse_kubelet_state_text
 from cri_proxy.errors import KubeletStateError
 
-V2 = {"policyName": "static", "defaultCpuSet": "0,3-15",
-      "entries": {"uid-a": {"app": "1-2", "init": ""}}, "checksum": 1}
+V2 = {
+    "policyName": "static",
+    "defaultCpuSet": "0,3-15",
+    "entries": {"uid-a": {"app": "1-2", "init": ""}},
+    "checksum": 1,
+}
 V1 = {"policyName": "static", "defaultCpuSet": "0-1", "entries": {"cid-a": "2-3"}, "checksum": 0}
 
 

@@ -18,8 +18,9 @@ CASE = REPO / "tests" / "cases" / "07-kubelet-static-v2.json"
 
 
 def _plan(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPT), "plan", *args], input=stdin, capture_output=True, text=True,
-                          timeout=30, check=False)
+    return subprocess.run(
+        [str(SCRIPT), "plan", *args], input=stdin, capture_output=True, text=True, timeout=30, check=False
+    )
 
 
 @pytest.fixture
@@ -34,8 +35,12 @@ def test_json_output(snapshot: Path) -> None:
     assert r.returncode == 0, r.stderr
     out: dict[str, Any] = json.loads(r.stdout)
     assert out["pools"] == {"ls": "0,3-15", "be": "0,3-15"}
-    assert out["containers"]["gs-app"] == {"pod": "default/gs", "qos": "KUBELET", "cpuset_cpus": "1-2",
-                                           "why": "kubelet static CPU manager entry"}
+    assert out["containers"]["gs-app"] == {
+        "pod": "default/gs",
+        "qos": "KUBELET",
+        "cpuset_cpus": "1-2",
+        "why": "kubelet static CPU manager entry",
+    }
     assert out["problems"] == []
 
 
@@ -65,9 +70,16 @@ def test_table_lists_problems(tmp_path: Path) -> None:
     assert row.split()[3:5] == ["LS", "-"]
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"pods": []}', '{"topology": {"numa_nodes": {"0": "0-"}}}',
-                                     '{"topology": {"numa_nodes": {}}, "pods": [{"name": "x"}]}'],
-                         ids=["not json", "no topology", "bad cpu list", "pod missing keys"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        '{"pods": []}',
+        '{"topology": {"numa_nodes": {"0": "0-"}}}',
+        '{"topology": {"numa_nodes": {}}, "pods": [{"name": "x"}]}',
+    ],
+    ids=["not json", "no topology", "bad cpu list", "pod missing keys"],
+)
 def test_malformed_snapshot_exits_2_with_one_line(tmp_path: Path, content: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content)

@@ -34,15 +34,26 @@ CASES = {
 
 
 @pytest.mark.parametrize(("label", "alloc", "cgroup", "kcpus", "expect"), CASES.values(), ids=CASES.keys())
-def test_classify(label: QoS | None, alloc: Allocation | None, cgroup: CgroupParent | None,
-                  kcpus: CPUSet | None, expect: QoS | None) -> None:
+def test_classify(
+    label: QoS | None,
+    alloc: Allocation | None,
+    cgroup: CgroupParent | None,
+    kcpus: CPUSet | None,
+    expect: QoS | None,
+) -> None:
     assert classify(label, alloc, cgroup, kcpus) == expect
 
 
 LABELS = {
-    "LSE": ("LSE", QoS.LSE), "LSR": ("LSR", QoS.LSR), "LS": ("LS", QoS.LS), "BE": ("BE", QoS.BE),
-    "SYSTEM": ("SYSTEM", QoS.SYSTEM), "KUBELET is not a label": ("KUBELET", None),
-    "lower case": ("ls", None), "empty": ("", None), "unknown": ("GOLD", None),
+    "LSE": ("LSE", QoS.LSE),
+    "LSR": ("LSR", QoS.LSR),
+    "LS": ("LS", QoS.LS),
+    "BE": ("BE", QoS.BE),
+    "SYSTEM": ("SYSTEM", QoS.SYSTEM),
+    "KUBELET is not a label": ("KUBELET", None),
+    "lower case": ("ls", None),
+    "empty": ("", None),
+    "unknown": ("GOLD", None),
 }
 
 

@@ -1,0 +1,1 @@
+"""Enforcement: the CRI hooks, the reconciler, recovery, and the introspection service."""

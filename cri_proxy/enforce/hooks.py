@@ -1,0 +1,245 @@
+"""The CRI hooks: CRI event -> node state -> decision -> the request changed, the others updated.
+
+`CreateContainer` gets its cpuset before it is forwarded (exclusive CPUs are vacated first);
+kubelet's `UpdateContainerResources` is merged into the last-known resources and keeps the
+decided cpuset; the sandbox and container life-cycle calls keep the state and wake the reconciler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from loguru import logger
+
+from cri_proxy.cpu import CPUSet, ProblemKind, QoS
+from cri_proxy.cpu.decide import ContainerDecision
+from cri_proxy.enforce.policy import Policy
+from cri_proxy.enforce.reconciler import Reconciler
+from cri_proxy.errors import CpuError
+from cri_proxy.relay.forward import FailPolicy
+from cri_proxy.relay.hooks import HookError, HookTable
+from cri_proxy.relay.methods import MethodInfo
+from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord, resources_bytes
+from cri_proxy.state.resources import merge_linux_resources
+
+EXCLUSIVE = frozenset({QoS.LSE, QoS.LSR})
+
+
+def pod_record(sandbox_id: str, config: Any, api_version: str) -> PodRecord:
+    """A PodSandboxConfig (any API version) as the state keeps it."""
+    meta = config.metadata
+    return PodRecord(
+        sandbox_id=sandbox_id,
+        uid=meta.uid,
+        name=meta.name,
+        namespace=meta.namespace,
+        cgroup_parent=config.linux.cgroup_parent,
+        labels=dict(config.labels),
+        annotations=dict(config.annotations),
+        api_version=api_version,
+    )
+
+
+def pending_id(sandbox_id: str, name: str, attempt: int) -> str:
+    """The id a container has in the state between CreateContainer and its response."""
+    return f"pending/{sandbox_id}/{name}/{attempt}"
+
+
+def canonical(cpus: str) -> str:
+    try:
+        return str(CPUSet.parse(cpus))
+    except CpuError:
+        return cpus
+
+
+class EnforceHooks:
+    """Registers the hooks on a relay's table; all state changes go through `NodeState`."""
+
+    def __init__(
+        self,
+        state: NodeState,
+        policy: Policy,
+        reconciler: Reconciler,
+        *,
+        fail_policy: FailPolicy = FailPolicy.IGNORE,
+        dry_run: bool = False,
+        exclusive_wait: float = 5.0,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.reconciler = reconciler
+        self.fail_policy = fail_policy
+        self.dry_run = dry_run
+        self.exclusive_wait = exclusive_wait
+        self.injected: dict[str, int] = {}  # QoS -> count, for metrics and tests
+        self.exclusive_timeouts = 0
+
+    def register(self, table: HookTable) -> None:
+        table.register("RunPodSandbox", post=self.run_pod_sandbox)
+        table.register(
+            "CreateContainer",
+            pre=self.create_container,
+            post=self.container_created,
+            failed=self.create_failed,
+        )
+        table.register("UpdateContainerResources", pre=self.update_resources, post=self.resources_updated)
+        table.register("StartContainer", post=self.container_started)
+        table.register("StopContainer", post=self.container_stopped)
+        table.register("RemoveContainer", post=self.container_removed)
+        table.register("StopPodSandbox", post=self.pod_stopped)
+        table.register("RemovePodSandbox", post=self.pod_removed)
+
+    # -- sandboxes ----------------------------------------------------------------------------
+    async def run_pod_sandbox(self, request: Message, response: Message, info: MethodInfo) -> None:
+        req: Any = request
+        self.state.put_pod(pod_record(response.pod_sandbox_id, req.config, info.version))  # type: ignore[attr-defined]
+        self.reconciler.request()  # an exclusive pod carves the share pools as soon as it exists
+
+    async def pod_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
+        if self.state.stop_pod(request.pod_sandbox_id):  # type: ignore[attr-defined]
+            self.reconciler.request()
+
+    async def pod_removed(self, request: Message, response: Message, info: MethodInfo) -> None:
+        self.state.remove_pod(request.pod_sandbox_id)  # type: ignore[attr-defined]
+        self.reconciler.request()
+
+    # -- containers ---------------------------------------------------------------------------
+    def _decision_for(self, container_id: str) -> ContainerDecision | None:
+        return self.policy.plan().containers.get(container_id)
+
+    async def create_container(self, request: Message, info: MethodInfo) -> Message:
+        req: Any = request
+        pod = self.state.pod(req.pod_sandbox_id)
+        if pod is None and req.HasField("sandbox_config"):  # a sandbox from before we were watching
+            pod = pod_record(req.pod_sandbox_id, req.sandbox_config, info.version)
+            self.state.put_pod(pod)
+        if pod is None:
+            logger.warning(
+                "CreateContainer for unknown sandbox {}: forwarded unchanged", req.pod_sandbox_id[:13]
+            )
+            return request
+        name, attempt = req.config.metadata.name, req.config.metadata.attempt
+        pid = pending_id(pod.sandbox_id, name, attempt)
+        self.state.put_container(
+            ContainerRecord(
+                id=pid,
+                sandbox_id=pod.sandbox_id,
+                name=name,
+                attempt=attempt,
+                state=ContainerState.PENDING,
+                resources=resources_bytes(req.config.linux.resources),
+                api_version=info.version,
+            )
+        )
+        plan = self.policy.plan()
+        for problem in plan.problems:
+            if problem.pod == pod.key:
+                logger.warning("{} {}: {}: {}", pod.key, name, problem.kind, problem.message)
+        self._refuse_bad_annotation(pod, plan.problems, pid)
+        decision = plan.containers.get(pid)
+        if decision is None or decision.cpuset is None:
+            why = decision.why if decision is not None else "not managed"
+            logger.info(
+                "{} {}: {} -> cpuset left as is ({})", pod.key, name, decision.qos if decision else None, why
+            )
+            return request
+        cpus = str(decision.cpuset)
+        logger.info(
+            "{} {}: {} -> cpuset {} ({}){}",
+            pod.key,
+            name,
+            decision.qos,
+            cpus,
+            decision.why,
+            " [dry-run]" if self.dry_run else "",
+        )
+        if self.dry_run:
+            return request
+        req.config.linux.resources.cpuset_cpus = cpus  # creates linux/resources when absent
+        self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
+        if decision.qos in EXCLUSIVE:
+            await self._vacate(pod, name, cpus)
+        return request
+
+    def _refuse_bad_annotation(self, pod: PodRecord, problems: Any, pid: str) -> None:
+        if self.fail_policy is not FailPolicy.FAIL:
+            return
+        for problem in problems:
+            if problem.pod == pod.key and problem.kind is ProblemKind.BAD_ANNOTATION:
+                self.state.remove_container(pid)
+                raise HookError(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod.key}: {problem.message}")
+
+    async def _vacate(self, pod: PodRecord, name: str, cpus: str) -> None:
+        """Exclusivity first: other containers leave these CPUs before this one is created."""
+        ticket = self.reconciler.request()
+        if not await self.reconciler.wait_for(ticket, self.exclusive_wait):
+            self.exclusive_timeouts += 1
+            logger.warning(
+                "{} {}: other containers did not leave CPUs {} within {} s; creating anyway",
+                pod.key,
+                name,
+                cpus,
+                self.exclusive_wait,
+            )
+
+    async def container_created(self, request: Message, response: Message, info: MethodInfo) -> None:
+        req: Any = request
+        pid = pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
+        cid = response.container_id  # type: ignore[attr-defined]
+        self.state.rename_container(pid, cid)
+        self.state.update_container(
+            cid,
+            resources=resources_bytes(req.config.linux.resources),
+            applied=canonical(req.config.linux.resources.cpuset_cpus),
+        )
+        self.reconciler.request()
+
+    async def create_failed(self, request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
+        req: Any = request
+        self.state.remove_container(
+            pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
+        )
+        self.reconciler.request()  # roll back: pools widen again if this was exclusive
+
+    async def update_resources(self, request: Message, info: MethodInfo) -> Message:
+        """kubelet's update: merged into what we know, the decided cpuset kept, sent whole."""
+        req: Any = request
+        c = self.state.container(req.container_id)
+        if c is None or not req.HasField("linux"):
+            return request
+        merged = c.linux_resources()
+        merge_linux_resources(merged, req.linux)
+        decision = self._decision_for(c.id)
+        if decision is not None and decision.qos not in (None, QoS.KUBELET) and decision.cpuset is not None:
+            if not self.dry_run:
+                merged.cpuset_cpus = str(decision.cpuset)
+        elif not merged.cpuset_cpus and c.applied:
+            merged.cpuset_cpus = c.applied
+        if self.dry_run:
+            return request
+        req.linux.ParseFromString(merged.SerializeToString())
+        return request
+
+    async def resources_updated(self, request: Message, response: Message, info: MethodInfo) -> None:
+        req: Any = request
+        c = self.state.container(req.container_id)
+        if c is None or not req.HasField("linux"):
+            return
+        merged = c.linux_resources()
+        merge_linux_resources(merged, req.linux)
+        self.state.update_container(
+            c.id, resources=merged.SerializeToString(), applied=canonical(merged.cpuset_cpus)
+        )
+
+    async def container_started(self, request: Message, response: Message, info: MethodInfo) -> None:
+        self.state.update_container(request.container_id, state=ContainerState.RUNNING)  # type: ignore[attr-defined]
+
+    async def container_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
+        self.state.update_container(request.container_id, state=ContainerState.EXITED)  # type: ignore[attr-defined]
+        self.reconciler.request()
+
+    async def container_removed(self, request: Message, response: Message, info: MethodInfo) -> None:
+        if self.state.remove_container(request.container_id) is not None:  # type: ignore[attr-defined]
+            self.reconciler.request()

@@ -1,0 +1,49 @@
+"""Node facts + node state -> the rules' inputs -> a Plan, cached until something changes."""
+
+from __future__ import annotations
+
+from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Topology, decide
+from cri_proxy.sources.kubelet_file import KubeletStateFile
+from cri_proxy.state.model import NodeState
+
+
+class Policy:
+    """Holds what the decision depends on besides the state; `plan()` is the current decision."""
+
+    def __init__(
+        self,
+        state: NodeState,
+        topology: Topology,
+        reserved: CPUSet,
+        system: CPUSet,
+        kubelet: KubeletStateFile | None = None,
+    ) -> None:
+        self.state = state
+        self.topology = topology
+        self.reserved = reserved
+        self.system = system
+        self.kubelet = kubelet
+        self._facts_version = 0
+        self._cached: tuple[tuple[int, int], Plan] | None = None
+
+    def facts_changed(self) -> None:
+        """Call after changing topology, reserved/system CPUs or the kubelet state."""
+        self._facts_version += 1
+
+    def inputs(self) -> NodeInputs:
+        kubelet = self.kubelet
+        problems = (kubelet.problem,) if kubelet is not None and kubelet.problem is not None else ()
+        return NodeInputs(
+            topology=self.topology,
+            pods=self.state.pod_infos(),
+            reserved=self.reserved,
+            system=self.system,
+            kubelet=kubelet.state if kubelet is not None else None,
+            input_problems=problems,
+        )
+
+    def plan(self) -> Plan:
+        key = (self.state.generation, self._facts_version)
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, decide(self.inputs()))
+        return self._cached[1]

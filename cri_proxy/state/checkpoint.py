@@ -1,0 +1,200 @@
+"""The node state on disk: a versioned JSON snapshot, replaced atomically.
+
+`save` writes a temp file next to the target, fsyncs it, `os.replace`s it over the target and fsyncs
+the directory, so a crash leaves either the old or the new checkpoint, never a torn one. `load`
+returns the records, or None when there is no checkpoint; anything else wrong with the file raises
+`CheckpointError` naming the path. No logging: the caller decides what to report.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias, TypeVar
+
+from google.protobuf.message import DecodeError
+
+from cri_api.v1 import api_pb2 as v1
+from cri_proxy.errors import CheckpointError
+from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
+
+VERSION = 1
+PathLike: TypeAlias = str | os.PathLike[str]
+Records: TypeAlias = tuple[list[PodRecord], list[ContainerRecord]]
+T = TypeVar("T")
+_MISSING = object()
+
+
+def dumps(pods: list[PodRecord], containers: list[ContainerRecord], written_at: float) -> str:
+    """The checkpoint document for these records."""
+    doc = {
+        "version": VERSION,
+        "written_at": written_at,
+        "pods": [
+            {
+                "sandbox_id": p.sandbox_id,
+                "uid": p.uid,
+                "name": p.name,
+                "namespace": p.namespace,
+                "cgroup_parent": p.cgroup_parent,
+                "labels": dict(p.labels),
+                "annotations": dict(p.annotations),
+                "ready": p.ready,
+                "api_version": p.api_version,
+            }
+            for p in pods
+        ],
+        "containers": [
+            {
+                "id": c.id,
+                "sandbox_id": c.sandbox_id,
+                "name": c.name,
+                "resources": base64.b64encode(c.resources).decode("ascii"),
+                "state": c.state.value,
+                "applied": c.applied,
+                "attempt": c.attempt,
+                "api_version": c.api_version,
+            }
+            for c in containers
+        ],
+    }
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def save(path: PathLike, state: NodeState, now: Callable[[], float] = time.time) -> int:
+    """Write the state's checkpoint atomically; returns the generation written.
+
+    Creates the directory when missing. Raises `CheckpointError` (path and OS error) when it cannot
+    be written; the previous checkpoint, if any, is then left as it was.
+    """
+    generation, pods, containers = state.snapshot()
+    data = dumps(pods, containers, now()).encode()
+    target = os.path.abspath(os.fspath(path))
+    directory, name = os.path.split(target)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as err:
+        raise CheckpointError(f"cannot write checkpoint {target}: {err.strerror or err}") from err
+    return generation
+
+
+def load(path: PathLike) -> Records | None:
+    """The checkpoint's (pods, containers); None when the file does not exist."""
+    target = os.fspath(path)
+    try:
+        with open(target, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {target}: {err.strerror or err}") from err
+    try:
+        return loads(raw)
+    except CheckpointError as err:
+        raise CheckpointError(f"bad checkpoint {target}: {err}") from err
+
+
+def loads(raw: bytes | str) -> Records:
+    """Parse a checkpoint document; `CheckpointError` says what is wrong (without a path)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"not JSON ({err})" if raw.strip() else "empty file") from err
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"top level is {type(doc).__name__}, not an object")
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version != VERSION:
+        raise CheckpointError(f"version {version!r}, this build reads version {VERSION}")
+    pods = [_pod(item, f"pods[{i}]") for i, item in enumerate(_get(doc, "pods", list, ""))]
+    containers = [
+        _container(item, f"containers[{i}]") for i, item in enumerate(_get(doc, "containers", list, ""))
+    ]
+    return pods, containers
+
+
+def _get(obj: Mapping[str, Any], key: str, kind: type[T], where: str) -> T:
+    value = obj.get(key, _MISSING)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        name = f"{where}.{key}" if where else key
+        raise CheckpointError(f"{name} is {_describe(value)}, not {kind.__name__}")
+    return value
+
+
+def _describe(value: object) -> str:
+    return "missing" if value is _MISSING else "null" if value is None else type(value).__name__
+
+
+def _str_map(obj: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
+    value = _get(obj, key, dict, where)
+    if not all(isinstance(v, str) for v in value.values()):
+        raise CheckpointError(f"{where}.{key} has a value that is not a string")
+    return value
+
+
+def _record(item: object, where: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise CheckpointError(f"{where} is {type(item).__name__}, not an object")
+    return item
+
+
+def _pod(item: object, where: str) -> PodRecord:
+    obj = _record(item, where)
+    return PodRecord(
+        sandbox_id=_get(obj, "sandbox_id", str, where),
+        uid=_get(obj, "uid", str, where),
+        name=_get(obj, "name", str, where),
+        namespace=_get(obj, "namespace", str, where),
+        cgroup_parent=_get(obj, "cgroup_parent", str, where),
+        labels=_str_map(obj, "labels", where),
+        annotations=_str_map(obj, "annotations", where),
+        ready=_get(obj, "ready", bool, where),
+        api_version=_get(obj, "api_version", str, where),
+    )
+
+
+def _container(item: object, where: str) -> ContainerRecord:
+    obj = _record(item, where)
+    try:
+        resources = base64.b64decode(_get(obj, "resources", str, where), validate=True)
+        v1.LinuxContainerResources.FromString(resources)
+    except (binascii.Error, DecodeError) as err:
+        raise CheckpointError(f"{where}.resources is not base64 of LinuxContainerResources") from err
+    try:
+        state = ContainerState(_get(obj, "state", str, where))
+    except ValueError as err:
+        raise CheckpointError(f"{where}.state {obj['state']!r} is not a container state") from err
+    applied = obj.get("applied", _MISSING)
+    if applied is not None and not isinstance(applied, str):  # also when missing
+        raise CheckpointError(f"{where}.applied is {_describe(applied)}, not str or null")
+    return ContainerRecord(
+        id=_get(obj, "id", str, where),
+        sandbox_id=_get(obj, "sandbox_id", str, where),
+        name=_get(obj, "name", str, where),
+        resources=resources,
+        state=state,
+        applied=applied,
+        attempt=_get(obj, "attempt", int, where),
+        api_version=_get(obj, "api_version", str, where),
+    )

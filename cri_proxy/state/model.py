@@ -1,0 +1,209 @@
+"""The node state: pod sandboxes and containers as the proxy has seen them.
+
+One normalised record per pod and per container, whatever the source (a RunPodSandbox or
+CreateContainer request, the runtime's listing after a restart, a checkpoint entry), so the hooks,
+the reconciler and recovery all feed the same rules. All mutation happens through `NodeState`'s
+methods, under one lock, and bumps `generation` so readers can tell something changed.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from cri_api.v1 import api_pb2 as v1
+from cri_proxy.cpu import ContainerInfo, PodInfo
+
+
+class ContainerState(enum.StrEnum):
+    PENDING = "pending"  # CreateContainer forwarded, no id yet: never updated by the reconciler
+    CREATED = "created"
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+LIVE_STATES = frozenset({ContainerState.PENDING, ContainerState.CREATED, ContainerState.RUNNING})
+UPDATABLE_STATES = frozenset({ContainerState.CREATED, ContainerState.RUNNING})
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A pod sandbox: identity, the QoS label and allocation annotations, the cgroup parent."""
+
+    sandbox_id: str
+    uid: str
+    name: str
+    namespace: str
+    cgroup_parent: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    ready: bool = True
+    api_version: str = "v1"
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRecord:
+    """A container: its pod, its full last-known resources, and the cpuset last applied to it.
+
+    `resources` is the runtime.v1 `LinuxContainerResources` wire encoding (v1alpha2 is the same
+    on the wire): the reconciler sends it back whole with only `cpuset_cpus` replaced. `applied`
+    is the canonical cpuset the runtime was last told (None: unknown, "" : none set).
+    """
+
+    id: str
+    sandbox_id: str
+    name: str
+    resources: bytes = b""
+    state: ContainerState = ContainerState.CREATED
+    applied: str | None = None
+    attempt: int = 0
+    api_version: str = "v1"
+
+    def linux_resources(self) -> v1.LinuxContainerResources:
+        return v1.LinuxContainerResources.FromString(self.resources)
+
+
+def resources_bytes(message: object | None) -> bytes:
+    """Any version's LinuxContainerResources (or None) as v1 wire bytes."""
+    if message is None:
+        return b""
+    serialize = getattr(message, "SerializeToString", None)
+    if serialize is None:
+        raise TypeError(f"not a protobuf message: {type(message).__name__}")
+    data: bytes = serialize()
+    return data
+
+
+class NodeState:
+    """Pods and containers by id. Every method is atomic; `generation` counts changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._pods: dict[str, PodRecord] = {}
+        self._containers: dict[str, ContainerRecord] = {}
+        self.generation = 0
+
+    # -- reading ------------------------------------------------------------------------------
+    def pod(self, sandbox_id: str) -> PodRecord | None:
+        return self._pods.get(sandbox_id)
+
+    def container(self, container_id: str) -> ContainerRecord | None:
+        return self._containers.get(container_id)
+
+    def pods(self) -> list[PodRecord]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def containers(self) -> list[ContainerRecord]:
+        with self._lock:
+            return list(self._containers.values())
+
+    def snapshot(self) -> tuple[int, list[PodRecord], list[ContainerRecord]]:
+        """(generation, pods, containers), all read under one lock (for the checkpoint)."""
+        with self._lock:
+            return self.generation, list(self._pods.values()), list(self._containers.values())
+
+    def containers_of(self, sandbox_id: str) -> Iterator[ContainerRecord]:
+        return (c for c in self.containers() if c.sandbox_id == sandbox_id)
+
+    def pod_infos(self) -> tuple[PodInfo, ...]:
+        """The rules' view: ready pods, each with its live containers (pending ones included)."""
+        with self._lock:
+            live: dict[str, list[ContainerInfo]] = {}
+            for c in self._containers.values():
+                if c.state in LIVE_STATES:
+                    live.setdefault(c.sandbox_id, []).append(ContainerInfo(c.id, c.name))
+            return tuple(
+                PodInfo(
+                    uid=p.uid,
+                    name=p.name,
+                    namespace=p.namespace,
+                    cgroup_parent=p.cgroup_parent,
+                    labels=p.labels,
+                    annotations=p.annotations,
+                    containers=tuple(live.get(p.sandbox_id, ())),
+                )
+                for p in self._pods.values()
+                if p.ready
+            )
+
+    # -- changing -----------------------------------------------------------------------------
+    def _bump(self) -> None:
+        self.generation += 1
+
+    def put_pod(self, pod: PodRecord) -> None:
+        with self._lock:
+            if self._pods.get(pod.sandbox_id) != pod:
+                self._pods[pod.sandbox_id] = pod
+                self._bump()
+
+    def stop_pod(self, sandbox_id: str) -> bool:
+        """The sandbox stopped: it no longer counts, nor do its containers (they stopped too)."""
+        with self._lock:
+            pod = self._pods.get(sandbox_id)
+            if pod is None:
+                return False
+            self._pods[sandbox_id] = replace(pod, ready=False)
+            for c in list(self._containers.values()):
+                if c.sandbox_id == sandbox_id and c.state is not ContainerState.EXITED:
+                    self._containers[c.id] = replace(c, state=ContainerState.EXITED)
+            self._bump()
+            return True
+
+    def remove_pod(self, sandbox_id: str) -> list[ContainerRecord]:
+        """Forget a sandbox and its containers; returns the containers forgotten."""
+        with self._lock:
+            gone = [c for c in self._containers.values() if c.sandbox_id == sandbox_id]
+            for c in gone:
+                del self._containers[c.id]
+            existed = self._pods.pop(sandbox_id, None) is not None
+            if existed or gone:
+                self._bump()
+            return gone
+
+    def put_container(self, container: ContainerRecord) -> None:
+        with self._lock:
+            if self._containers.get(container.id) != container:
+                self._containers[container.id] = container
+                self._bump()
+
+    def rename_container(
+        self, old_id: str, new_id: str, state: ContainerState = ContainerState.CREATED
+    ) -> None:
+        """A pending container got its runtime id."""
+        with self._lock:
+            c = self._containers.pop(old_id, None)
+            if c is not None:
+                self._containers[new_id] = replace(c, id=new_id, state=state)
+                self._bump()
+
+    def update_container(self, container_id: str, **changes: object) -> ContainerRecord | None:
+        with self._lock:
+            c = self._containers.get(container_id)
+            if c is None:
+                return None
+            new = replace(c, **changes)  # type: ignore[arg-type]
+            if new != c:
+                self._containers[container_id] = new
+                self._bump()
+            return new
+
+    def remove_container(self, container_id: str) -> ContainerRecord | None:
+        with self._lock:
+            c = self._containers.pop(container_id, None)
+            if c is not None:
+                self._bump()
+            return c
+
+    def replace_all(self, pods: Iterable[PodRecord], containers: Iterable[ContainerRecord]) -> None:
+        """Recovery: the runtime's view replaces what we had."""
+        with self._lock:
+            self._pods = {p.sandbox_id: p for p in pods}
+            self._containers = {c.id: c for c in containers}
+            self._bump()

@@ -1,0 +1,23 @@
+"""Merging container resources the way the runtime does, so our last-known copy stays true."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def merge_linux_resources(current: Any, update: Any) -> None:
+    """Fields set in `update` (non-zero, non-empty) override `current`; the rest stay.
+
+    This is containerd's rule for UpdateContainerResources, and what kubelet relies on when its
+    static CPU manager sends only `cpuset_cpus`. `unified` entries merge key by key.
+    """
+    for fd, value in update.ListFields():
+        if fd.name == "unified":
+            current.unified.update(value)
+        elif fd.is_repeated:
+            del getattr(current, fd.name)[:]
+            getattr(current, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(current, fd.name).CopyFrom(value)
+        else:
+            setattr(current, fd.name, value)

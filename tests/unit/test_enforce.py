@@ -1,0 +1,263 @@
+"""Enforcement end to end in one process: kubelet-like calls through the proxy to the fake runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from cri_api.v1 import api_pb2 as v1
+from cri_proxy.fake_runtime.server import FakeOptions, FakeRuntime
+from tests.unit.enforce_support import QOS_LABEL, alloc, node
+from tests.unit.relay_support import run
+
+LSR = {QOS_LABEL: "LSR"}
+LSE = {QOS_LABEL: "LSE"}
+
+
+def test_lsr_pod_carves_the_ls_pool_before_its_container_is_created_and_gives_it_back(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            _, be = await n.run_pod("be", "besteffort")
+            _, ls = await n.run_pod("ls", "burstable")
+            _, numa1 = await n.run_pod(
+                "numa1",
+                "burstable",
+                {QOS_LABEL: "LS"},
+                alloc(numaNodeResources=[{"node": 1, "resources": {"cpu": "2"}}]),
+            )
+            assert (n.cpuset(be["main"]), n.cpuset(ls["main"]), n.cpuset(numa1["main"])) == (
+                "0-15",
+                "0-15",
+                "8-15",
+            )
+            updates_before = len(n.fake.store.containers[ls["main"]].updates)
+            lsr_sandbox, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3,9"))
+            assert n.cpuset(lsr["main"]) == "2-3,9"
+            # the LS containers left 2-3,9 before the LSR container existed: the update came first
+            ls_record = n.fake.store.containers[ls["main"]]
+            assert [u.cpuset_cpus for u in ls_record.updates[updates_before:]] == ["0-1,4-8,10-15"]
+            assert n.cpuset(numa1["main"]) == "8,10-15"
+            assert n.cpuset(be["main"]) == "0-15"  # BE may run on LSR CPUs
+            # the update carried the full resources, not just the cpuset
+            update = ls_record.updates[-1]
+            assert (update.cpu_shares, update.cpu_quota, update.memory_limit_in_bytes) == (
+                512,
+                50000,
+                64 << 20,
+            )
+            await n.remove_pod(lsr_sandbox)
+            await n.settle()
+            assert (n.cpuset(ls["main"]), n.cpuset(numa1["main"])) == ("0-15", "8-15")
+
+    run(main())
+
+
+def test_lse_pod_moves_be_too(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            _, be = await n.run_pod("be", "besteffort")
+            _, lse = await n.run_pod("lse", "guaranteed", LSE, alloc("0-3"))
+            await n.settle()
+            assert (n.cpuset(lse["main"]), n.cpuset(be["main"])) == ("0-3", "4-15")
+
+    run(main())
+
+
+def test_kubelets_update_keeps_the_decision_and_merges_the_rest(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            await n.run_pod("lsr", "guaranteed", LSR, alloc("0-1"))
+            _, ls = await n.run_pod("ls", "burstable")
+            assert n.cpuset(ls["main"]) == "2-15"
+            rt = n.stub()
+            # the static CPU manager re-sends only a cpuset; in-place resize sends CPU fields
+            await rt.UpdateContainerResources(
+                v1.UpdateContainerResourcesRequest(
+                    container_id=ls["main"], linux=v1.LinuxContainerResources(cpuset_cpus="0-15")
+                )
+            )
+            await rt.UpdateContainerResources(
+                v1.UpdateContainerResourcesRequest(
+                    container_id=ls["main"], linux=v1.LinuxContainerResources(cpu_quota=80000)
+                )
+            )
+            record = n.fake.store.containers[ls["main"]]
+            assert [u.cpuset_cpus for u in record.updates[-2:]] == ["2-15", "2-15"]
+            last = record.updates[-1]  # forwarded whole: merged with what was known
+            assert (last.cpu_quota, last.cpu_shares, last.memory_limit_in_bytes) == (80000, 512, 64 << 20)
+
+    run(main())
+
+
+def test_kubelet_static_containers_follow_the_state_file_and_others_avoid_them(tmp_path: Path) -> None:
+    state = {
+        "policyName": "static",
+        "defaultCpuSet": "0,3-15",
+        "entries": {"uid-pinned": {"main": "1-2"}},
+        "checksum": 1,
+    }
+
+    async def main() -> None:
+        async with node(tmp_path, kubelet_state=state) as n:
+            _, ls = await n.run_pod("ls", "burstable")
+            _, pinned = await n.run_pod("pinned", "guaranteed")
+            assert (n.cpuset(pinned["main"]), n.cpuset(ls["main"])) == ("1-2", "0,3-15")
+            rt = n.stub()
+            await rt.UpdateContainerResources(
+                v1.UpdateContainerResourcesRequest(
+                    container_id=pinned["main"], linux=v1.LinuxContainerResources(cpuset_cpus="1-2")
+                )
+            )
+            assert n.cpuset(pinned["main"]) == "1-2"
+            # kubelet re-pins: the file changes, the LS container moves off the new CPUs
+            new = {**state, "entries": {"uid-pinned": {"main": "4-5"}}}
+            (tmp_path / "cpu_manager_state").write_text(json.dumps(new))
+            for _ in range(100):
+                if n.cpuset(ls["main"]) == "0-3,6-15":
+                    break
+                await asyncio.sleep(0.05)
+            assert n.cpuset(ls["main"]) == "0-3,6-15"
+            assert n.cpuset(pinned["main"]) == "4-5"
+            # a half-written file: the last good contents are kept, nothing moves
+            (tmp_path / "cpu_manager_state").write_text('{"policyName": "static", "entr')
+            await asyncio.sleep(0.3)
+            await n.settle()
+            assert n.cpuset(ls["main"]) == "0-3,6-15"
+            problems = (await n.introspect("Plan"))["problems"]
+            assert [p["kind"] for p in problems] == ["bad-kubelet-state"]
+
+    run(main())
+
+
+@pytest.mark.parametrize("policy", ["ignore", "fail"])
+def test_bad_annotation_follows_the_fail_policy(tmp_path: Path, policy: str) -> None:
+    async def main() -> None:
+        async with node(tmp_path, fail_policy=policy) as n:
+            broken = {"scheduling.koordinator.sh/resource-status": '{"cpuset": 5'}
+            if policy == "ignore":
+                _, ids = await n.run_pod("broken", "burstable", LSR, broken)
+                assert n.cpuset(ids["main"]) == "0-15"  # treated as absent: the LS rule
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await n.run_pod("broken", "burstable", LSR, broken)
+                assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "default/broken" in (err.value.details() or "")
+                assert "resource-status" in (err.value.details() or "")
+                assert not n.fake.store.containers
+                assert not [c for c in n.proxy.state.containers() if c.id.startswith("pending/")]
+
+    run(main())
+
+
+def test_dry_run_decides_and_changes_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with node(tmp_path, dry_run=True) as n:
+            _, ls = await n.run_pod("ls", "burstable")
+            await n.run_pod("lsr", "guaranteed", LSR, alloc("0-1"))
+            await n.settle()
+            assert n.cpuset(ls["main"]) == ""
+            assert not n.fake.store.containers[ls["main"]].updates
+            rows = {r["pod"]: r for r in await n.introspect("Cpusets")}
+            assert rows["default/ls"]["decided"] == "2-15"
+
+    run(main())
+
+
+def test_restart_recovers_every_container_with_the_same_decisions(tmp_path: Path) -> None:
+    async def main() -> None:
+        fake = FakeRuntime(FakeOptions(listen=f"unix://{tmp_path}/runtime.sock"))
+        await fake.start()
+        try:
+            async with node(tmp_path, fake=fake) as n:
+                await n.run_pod("lsr", "guaranteed", LSR, alloc("0-1"))
+                await n.run_pod("ls", "burstable", containers=("a", "b"))
+                await n.run_pod("be", "besteffort")
+                await n.settle()
+                before = await n.introspect("Cpusets")
+                updates = {cid: len(c.updates) for cid, c in fake.store.containers.items()}
+            (tmp_path / "proxy.sock").unlink(missing_ok=True)
+            for checkpoint in ("keep", "corrupt"):
+                if checkpoint == "corrupt":
+                    (tmp_path / "state/checkpoint.json").write_text('{"version": 1, "pods": [')
+                async with node(tmp_path, fake=fake) as again:
+                    await again.settle()
+                    assert await again.introspect("Cpusets") == before
+                    assert {cid: len(c.updates) for cid, c in fake.store.containers.items()} == updates
+                    snapshot = await again.introspect("Snapshot")
+                    assert len(snapshot["pods"]) == 3
+        finally:
+            await fake.stop(0)
+
+    run(main())
+
+
+def test_snapshot_replayed_by_plan_gives_the_live_decisions(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    async def main() -> tuple[dict[str, object], dict[str, object]]:
+        async with node(tmp_path) as n:
+            await n.run_pod("lsr", "guaranteed", LSR, alloc("3"))
+            await n.run_pod("ls", "burstable")
+            await n.run_pod("be", "besteffort")
+            return await n.introspect("Snapshot"), await n.introspect("Plan")
+
+    snapshot, live = run(main())
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(snapshot))
+    cli = str(Path(sys.executable).parent / "cri-proxy")
+    out = subprocess.run([cli, "plan", "--snapshot", str(path)], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == live
+
+
+def test_a_container_gone_behind_the_proxys_back_is_forgotten(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            _, ls = await n.run_pod("ls", "burstable")
+            del n.fake.store.containers[ls["main"]]  # removed straight at the runtime
+            await n.run_pod("lsr", "guaranteed", LSR, alloc("0"))
+            await n.settle()
+            assert n.proxy.state.container(ls["main"]) is None
+            assert n.proxy.reconciler.totals.dropped == 1
+
+    run(main())
+
+
+def test_exclusive_wait_is_bounded_when_the_runtime_is_slow(tmp_path: Path) -> None:
+    async def main() -> None:
+        fake = FakeRuntime(FakeOptions(listen=f"unix://{tmp_path}/runtime.sock", update_latency=1.5))
+        await fake.start()
+        try:
+            async with node(tmp_path, fake=fake, exclusive_wait_seconds=0.2) as n:
+                await n.run_pod("ls", "burstable")
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                await n.run_pod("lsr", "guaranteed", LSR, alloc("0-1"))
+                assert loop.time() - began < 1.4  # did not wait for the 1.5 s update
+                assert n.proxy.hooks.exclusive_timeouts == 1
+        finally:
+            await fake.stop(0)
+
+    run(main())
+
+
+def test_v1alpha2_calls_are_enforced_too(tmp_path: Path) -> None:
+    from cri_api.v1alpha2 import api_pb2 as v1alpha2
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            n.pb = v1alpha2
+            from cri_api.v1alpha2 import api_pb2_grpc
+
+            n.stub = lambda: api_pb2_grpc.RuntimeServiceStub(n.channel)  # type: ignore[method-assign,no-untyped-call]
+            _, ls = await n.run_pod("ls", "burstable")
+            _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("4-7"))
+            await n.settle()
+            assert (n.cpuset(lsr["main"]), n.cpuset(ls["main"])) == ("4-7", "0-3,8-15")
+
+    run(main())
