@@ -122,6 +122,8 @@ class Reconciler:
         for c in self.state.containers():
             if c.state not in UPDATABLE_STATES:
                 continue
+            if not c.resources and c.applied is None:
+                continue  # nothing known of its resources: a cpuset-only update could reset the rest
             decision = plan.containers.get(c.id)
             if decision is None or decision.cpuset is None or decision.qos is None:
                 continue
