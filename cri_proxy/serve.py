@@ -20,7 +20,7 @@ from cri_proxy.cpu import CPUSet
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.reconciler import Reconciler, channel_sender
+from cri_proxy.enforce.reconciler import Reconciler, channel_reader, channel_sender
 from cri_proxy.enforce.recovery import recover
 from cri_proxy.errors import CheckpointError
 from cri_proxy.relay.forward import FailPolicy
@@ -61,6 +61,7 @@ class Proxy:
             concurrency=config.reconcile_concurrency,
             period=config.reconcile_period_seconds,
             dry_run=config.dry_run,
+            read_actual=channel_reader(self.relay.channel),
         )
         self.introspection.reconciler = self.reconciler
         self.hooks = EnforceHooks(

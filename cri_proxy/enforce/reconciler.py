@@ -9,7 +9,6 @@ periodic pass repairs drift (an update that failed, a change made behind the pro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -20,10 +19,14 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.enforce.policy import Policy
+from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.state.model import UPDATABLE_STATES, ContainerRecord, NodeState
 
 SendUpdate = Callable[[ContainerRecord, bytes], Awaitable[None]]
 """Send UpdateContainerResources(container id, linux=<these LinuxContainerResources bytes>)."""
+
+ReadCpuset = Callable[[ContainerRecord], Awaitable[str | None]]
+"""The cpuset the runtime reports for a container now (None: it does not say)."""
 
 TRANSIENT = frozenset(
     {
@@ -68,6 +71,7 @@ class Reconciler:
         period: float = 30.0,
         dry_run: bool = False,
         attempts: int = 4,
+        read_actual: ReadCpuset | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
@@ -76,6 +80,7 @@ class Reconciler:
         self.period = period
         self.dry_run = dry_run
         self.attempts = attempts
+        self.read_actual = read_actual
         self.totals = Totals()
         self._requested = 0
         self._completed = 0
@@ -103,17 +108,54 @@ class Reconciler:
     async def run(self) -> None:
         """Passes forever: on request, and every `period` seconds."""
         while True:
-            with contextlib.suppress(TimeoutError):
+            periodic = False
+            try:
                 await asyncio.wait_for(self._wake.wait(), self.period if self.period > 0 else None)
+            except TimeoutError:
+                periodic = True
             self._wake.clear()
             ticket = self._requested
             try:
+                if periodic:
+                    await self.refresh_applied()
                 await self.pass_once()
             except Exception as exc:  # a bug in one pass must not stop reconciliation for good
                 logger.opt(exception=exc).error("reconcile pass failed: {}", exc)
             async with self._done:
                 self._completed = max(self._completed, ticket)
                 self._done.notify_all()
+
+    async def refresh_applied(self) -> int:
+        """Drift repair: take the cpuset each live container really has from the runtime, so the
+        pass that follows corrects what was changed behind the proxy's back. Returns how many differed."""
+        if self.read_actual is None:
+            return 0
+        read = self.read_actual
+        gate = asyncio.Semaphore(self.concurrency)
+        drifted = 0
+
+        async def one(c: ContainerRecord) -> None:
+            nonlocal drifted
+            async with gate:
+                try:
+                    actual = await read(c)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() is grpc.StatusCode.NOT_FOUND:
+                        self.state.remove_container(c.id)
+                    return
+            if actual is not None and actual != c.applied:
+                drifted += 1
+                logger.warning(
+                    "container {} ({}) has cpuset {!r}, not {!r}: drift, repairing",
+                    c.name,
+                    c.id[:13],
+                    actual,
+                    c.applied,
+                )
+                self.state.update_container(c.id, applied=actual)
+
+        await asyncio.gather(*(one(c) for c in self.state.containers() if c.state in UPDATABLE_STATES))
+        return drifted
 
     def pending(self) -> list[tuple[ContainerRecord, str]]:
         """(container, decided cpuset) for every live container whose applied set differs."""
@@ -192,6 +234,21 @@ class Reconciler:
         self.state.update_container(c.id, applied=want, resources=body)
         result.updated += 1
         logger.info("container {} ({}) cpuset {!r} -> {!r}", c.name, c.id[:13], c.applied, want)
+
+
+def channel_reader(channel: grpc.aio.Channel, timeout: float = 10.0) -> ReadCpuset:
+    """ContainerStatus over the runtime channel: the cpuset the runtime has (CRI >= 1.25)."""
+    status = channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus", None, None)
+
+    async def read(c: ContainerRecord) -> str | None:
+        reply = v1.ContainerStatusResponse.FromString(
+            await status(v1.ContainerStatusRequest(container_id=c.id).SerializeToString(), timeout=timeout)
+        )
+        if not reply.status.HasField("resources") or not reply.status.resources.HasField("linux"):
+            return None
+        return canonical_cpuset(reply.status.resources.linux.cpuset_cpus)
+
+    return read
 
 
 def channel_sender(channel: grpc.aio.Channel, timeout: float = 10.0) -> SendUpdate:

@@ -1,0 +1,201 @@
+"""The reconciler on its own: coalescing, bounded concurrency, retries, NOT_FOUND, drift repair."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import grpc.aio
+import pytest
+
+from cri_api.v1 import api_pb2 as v1
+from cri_proxy.cpu import CPUSet, Topology
+from cri_proxy.enforce.policy import Policy
+from cri_proxy.enforce.reconciler import Reconciler
+from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
+from tests.unit.relay_support import run
+
+TOPOLOGY = Topology.build({0: CPUSet.parse("0-7"), 1: CPUSet.parse("8-15")})
+FULL = v1.LinuxContainerResources(
+    cpu_shares=512, cpu_quota=20000, memory_limit_in_bytes=1 << 30, cpuset_cpus="0-15"
+)
+
+
+def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=f"fake {code.name}")
+
+
+def node_with(ls_containers: int, lsr_cpus: str | None = "0-1") -> NodeState:
+    """LS pods with one running container each on 0-15, plus (optionally) an LSR pod on `lsr_cpus`."""
+    state = NodeState()
+    for i in range(ls_containers):
+        state.put_pod(PodRecord(f"s{i}", f"u{i}", f"ls{i}", "default", f"/kubepods/burstable/podu{i}"))
+        state.put_container(
+            ContainerRecord(
+                f"c{i}", f"s{i}", "main", FULL.SerializeToString(), ContainerState.RUNNING, applied="0-15"
+            )
+        )
+    if lsr_cpus is not None:
+        state.put_pod(
+            PodRecord(
+                "s-lsr",
+                "u-lsr",
+                "lsr",
+                "default",
+                "/kubepods/podu-lsr",
+                labels={"koordinator.sh/qosClass": "LSR"},
+                annotations={"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": lsr_cpus})},
+            )
+        )
+    return state
+
+
+class Recorder:
+    """A runtime stand-in for UpdateContainerResources: records calls, can fail or block."""
+
+    def __init__(self, failures: list[grpc.StatusCode] | None = None) -> None:
+        self.calls: list[tuple[str, v1.LinuxContainerResources]] = []
+        self.failures = list(failures or [])
+        self.gate: asyncio.Event | None = None
+        self.active = 0
+        self.peak = 0
+
+    async def __call__(self, c: ContainerRecord, linux: bytes) -> None:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(0.001)
+            if self.gate is not None:
+                await self.gate.wait()
+            self.calls.append((c.id, v1.LinuxContainerResources.FromString(linux)))
+            if self.failures:
+                raise rpc_error(self.failures.pop(0))
+        finally:
+            self.active -= 1
+
+
+def test_updates_carry_full_resources_with_bounded_concurrency() -> None:
+    async def main() -> None:
+        state = node_with(20)
+        send = Recorder()
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, concurrency=3)
+        result = await r.pass_once()
+        assert result.updated == 20 and send.peak <= 3
+        assert {cid for cid, _ in send.calls} == {f"c{i}" for i in range(20)}
+        sent = send.calls[0][1]
+        assert (sent.cpuset_cpus, sent.cpu_shares, sent.cpu_quota, sent.memory_limit_in_bytes) == (
+            "2-15",
+            512,
+            20000,
+            1 << 30,
+        )
+        assert all(c.applied == "2-15" for c in state.containers())
+        assert (await r.pass_once()).updated == 0  # nothing left to do
+
+    run(main())
+
+
+def test_transient_errors_are_retried_permanent_ones_are_not() -> None:
+    async def main() -> None:
+        state = node_with(1)
+        send = Recorder([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send)
+        assert (await r.pass_once()).updated == 1
+        assert len(send.calls) == 3
+        state2 = node_with(1)
+        send2 = Recorder([grpc.StatusCode.INVALID_ARGUMENT])
+        r2 = Reconciler(state2, Policy(state2, TOPOLOGY, CPUSet(), CPUSet()), send2)
+        result = await r2.pass_once()
+        assert (result.updated, result.failed, len(send2.calls)) == (0, 1, 1)
+        assert state2.container("c0").applied == "0-15"  # type: ignore[union-attr]  # tried again next pass
+
+    run(main())
+
+
+def test_a_container_the_runtime_no_longer_has_is_forgotten() -> None:
+    async def main() -> None:
+        state = node_with(2)
+        send = Recorder([grpc.StatusCode.NOT_FOUND])
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, concurrency=1)
+        result = await r.pass_once()
+        assert (result.updated, result.dropped) == (1, 1)
+        assert len(state.containers()) == 1
+
+    run(main())
+
+
+def test_a_burst_of_requests_during_a_pass_gives_one_more_pass() -> None:
+    async def main() -> None:
+        state = node_with(1)
+        send = Recorder()
+        send.gate = asyncio.Event()
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, period=0)
+        task = asyncio.ensure_future(r.run())
+        first = r.request()
+        while not send.active:
+            await asyncio.sleep(0.001)
+        tickets = [r.request() for _ in range(50)]  # while the first pass is stuck in the runtime
+        send.gate.set()
+        assert await r.wait_for(first, 5)
+        assert await r.wait_for(tickets[-1], 5)
+        assert r.totals.passes == 2
+        task.cancel()
+
+    run(main())
+
+
+def test_wait_for_times_out_when_the_runtime_hangs() -> None:
+    async def main() -> None:
+        state = node_with(1)
+        send = Recorder()
+        send.gate = asyncio.Event()
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, period=0)
+        task = asyncio.ensure_future(r.run())
+        assert not await r.wait_for(r.request(), 0.2)
+        send.gate.set()
+        task.cancel()
+
+    run(main())
+
+
+def test_drift_behind_the_proxys_back_is_repaired() -> None:
+    async def main() -> None:
+        state = node_with(2, lsr_cpus=None)
+        actual = {"c0": "3", "c1": "0-15"}  # someone changed c0 at the runtime
+
+        async def read(c: ContainerRecord) -> str | None:
+            return actual[c.id]
+
+        send = Recorder()
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, read_actual=read)
+        assert (await r.pass_once()).updated == 0  # by our records all is well
+        assert await r.refresh_applied() == 1
+        assert (await r.pass_once()).updated == 1
+        assert send.calls[0][0] == "c0" and send.calls[0][1].cpuset_cpus == "0-15"
+
+    run(main())
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_dry_run_sends_nothing(dry_run: bool) -> None:
+    async def main() -> None:
+        state = node_with(3)
+        send = Recorder()
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, dry_run=dry_run)
+        result = await r.pass_once()
+        assert (len(send.calls), result.would_update) == ((0, 3) if dry_run else (3, 0))
+
+    run(main())
+
+
+def test_containers_with_unknown_resources_are_not_sent_a_bare_cpuset() -> None:
+    async def main() -> None:
+        state = node_with(1)
+        state.put_container(ContainerRecord("bare", "s0", "side", b"", ContainerState.RUNNING, applied=None))
+        send = Recorder()
+        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send)
+        await r.pass_once()
+        assert [cid for cid, _ in send.calls] == ["c0"]
+
+    run(main())
