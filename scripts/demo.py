@@ -81,10 +81,14 @@ def run_pod(client: CriClient, on_containerd: bool, log_root: Path) -> None:
         from containerd import read_container_cpuset
 
         in_cgroup = read_container_cpuset(pod.linux.cgroup_parent, cid)
-        step(f"UpdateContainerResources cpuset 0: cgroup file now says {in_cgroup!r}")
+        step(
+            f"UpdateContainerResources asking for cpuset 0 (an LS container): the proxy keeps its decision, cgroup file says {in_cgroup!r}"
+        )
     else:
         now = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=10).status
-        step(f"UpdateContainerResources cpuset 0: runtime now reports {now.resources.linux.cpuset_cpus!r}")
+        step(
+            f"UpdateContainerResources asking for cpuset 0 (an LS container): the proxy keeps its decision, runtime reports {now.resources.linux.cpuset_cpus!r}"
+        )
     listed = rt.ListContainers(pb.ListContainersRequest(), timeout=10).containers
     step(
         "ListContainers: "
@@ -100,6 +104,67 @@ def run_pod(client: CriClient, on_containerd: bool, log_root: Path) -> None:
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
     step("StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox: done")
+
+
+def show_cpusets(proxy_endpoint: str, title: str) -> None:
+    step(title)
+    out = subprocess.run(
+        [CLI, "ctl", "-r", proxy_endpoint, "cpusets"], capture_output=True, text=True, check=True
+    )
+    print("\n".join("    " + line for line in out.stdout.splitlines()), flush=True)
+
+
+def cpuset_scenario(client: CriClient, proxy_endpoint: str, log_root: Path) -> None:
+    """BE and LS pods share the node; an LSR pod takes the last CPU; it goes away again."""
+    from kube import container_config, pod_sandbox_config
+
+    from cri_proxy.cpu import CPUSet
+    from cri_proxy.sysfs import read_topology
+
+    pb, rt = client.pb, client.runtime
+    last_cpu = max(read_topology().online)
+
+    def start(name: str, qos: str, labels: dict[str, str], annotations: dict[str, str]) -> str:
+        pod = pod_sandbox_config(
+            pb,
+            name,
+            qos=qos,
+            labels=labels,
+            annotations=annotations,  # type: ignore[arg-type]
+            log_root=log_root,
+        )
+        pod_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=pod), timeout=60).pod_sandbox_id
+        cid = rt.CreateContainer(
+            pb.CreateContainerRequest(
+                pod_sandbox_id=pod_id, config=container_config(pb, pod, "app"), sandbox_config=pod
+            ),
+            timeout=60,
+        ).container_id
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
+        return str(pod_id)
+
+    pods = [
+        start("batch", "besteffort", {"koordinator.sh/qosClass": "BE"}, {}),
+        start("web", "burstable", {"koordinator.sh/qosClass": "LS"}, {}),
+    ]
+    show_cpusets(proxy_endpoint, "a BE pod and an LS pod: both on the share pools")
+    allocation = json.dumps({"cpuset": str(CPUSet.of([last_cpu]))})
+    lsr = start(
+        "latency-critical",
+        "guaranteed",
+        {"koordinator.sh/qosClass": "LSR"},
+        {"scheduling.koordinator.sh/resource-status": allocation},
+    )
+    show_cpusets(
+        proxy_endpoint, f"an LSR pod allocated CPU {last_cpu} arrives: LS moves off it (BE may share it)"
+    )
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=lsr), timeout=60)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=lsr), timeout=60)
+    time.sleep(0.5)  # the reconciler widens the pools once the pod is gone
+    show_cpusets(proxy_endpoint, "the LSR pod is gone: the LS pool is whole again")
+    for pod_id in pods:
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
 
 
 def main() -> int:
@@ -150,6 +215,7 @@ def main() -> int:
         wait_for(proxy_sock, procs[-1], "cri-proxy")
         with CriClient(f"unix://{proxy_sock}") as client:
             run_pod(client, use_containerd, log_root)
+            cpuset_scenario(client, f"unix://{proxy_sock}", log_root)
         step("done: every call above went through cri-proxy")
         return 0
     finally:
