@@ -82,13 +82,12 @@ def run_pod(client: CriClient, on_containerd: bool, log_root: Path) -> None:
 
         in_cgroup = read_container_cpuset(pod.linux.cgroup_parent, cid)
         step(
-            f"UpdateContainerResources asking for cpuset 0 (an LS container): the proxy keeps its decision, cgroup file says {in_cgroup!r}"
+            f"UpdateContainerResources asking for cpuset 0: LS keeps its decision, cgroup says {in_cgroup!r}"
         )
     else:
         now = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=10).status
-        step(
-            f"UpdateContainerResources asking for cpuset 0 (an LS container): the proxy keeps its decision, runtime reports {now.resources.linux.cpuset_cpus!r}"
-        )
+        kept = now.resources.linux.cpuset_cpus
+        step(f"UpdateContainerResources asking for cpuset 0: LS keeps its decision, runtime has {kept!r}")
     listed = rt.ListContainers(pb.ListContainersRequest(), timeout=10).containers
     step(
         "ListContainers: "
