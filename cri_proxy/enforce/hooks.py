@@ -164,7 +164,7 @@ class EnforceHooks:
         return request
 
     def _refuse_bad_annotation(self, pod: PodRecord, problems: Any, pid: str) -> None:
-        if self.fail_policy is not FailPolicy.FAIL:
+        if self.fail_policy is not FailPolicy.FAIL or self.dry_run:  # dry-run refuses nothing either
             return
         for problem in problems:
             if problem.pod == pod.key and problem.kind is ProblemKind.BAD_ANNOTATION:

@@ -237,3 +237,88 @@ def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
     args = [CLI, "serve", "--config", str(tmp_path / "nope.toml")]
     out = subprocess.run(args, capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_enforcement_flags_take_effect(tmp_path: Path, fake: Path) -> None:
+    """The flags checks outside the project start the proxy with, each visible in the live plan."""
+    import json
+
+    from tests.unit.enforce_support import fake_sysfs
+
+    sysfs = fake_sysfs(tmp_path / "sys", {0: "0-7", 1: "8-15"})
+    state = {"policyName": "static", "defaultCpuSet": "0-11", "entries": {"uid-g": {"main": "12-13"}}}
+    (tmp_path / "cms").write_text(json.dumps(state))
+    sock = tmp_path / "p.sock"
+    proc = _start(
+        [
+            "serve",
+            "--config",
+            "/dev/null",
+            "--listen",
+            f"unix://{sock}",
+            "--runtime-endpoint",
+            f"unix://{fake}",
+            "--state-dir",
+            str(tmp_path / "st"),
+            "--kubelet-state-file",
+            str(tmp_path / "cms"),
+            "--sysfs-root",
+            str(sysfs),
+            "--reserved-cpus",
+            "0-1",
+            "--system-cpus",
+            "14-15",
+            "--fail-policy",
+            "fail",
+            "--exclusive-wait",
+            "0.5",
+        ]
+    )
+    try:
+        _wait_for_socket(sock, proc)
+        with CriClient(f"unix://{sock}") as client:
+            pb = client.pb
+            config = pb.PodSandboxConfig(
+                metadata=pb.PodSandboxMetadata(name="sys", uid="uid-s", namespace="kube-system"),
+                labels={"koordinator.sh/qosClass": "SYSTEM"},
+                linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/poduid-s"),
+            )
+            sandbox = client.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config)).pod_sandbox_id
+            cid = client.runtime.CreateContainer(
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=sandbox,
+                    config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="main")),
+                    sandbox_config=config,
+                )
+            ).container_id
+            # --fail-policy fail: a bad annotation is refused
+            bad = pb.PodSandboxConfig(
+                metadata=pb.PodSandboxMetadata(name="bad", uid="uid-b", namespace="default"),
+                annotations={"scheduling.koordinator.sh/resource-status": "nope"},
+                linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/poduid-b"),
+            )
+            bad_id = client.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=bad)).pod_sandbox_id
+            with pytest.raises(grpc.RpcError) as err:
+                client.runtime.CreateContainer(
+                    pb.CreateContainerRequest(
+                        pod_sandbox_id=bad_id,
+                        config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="main")),
+                        sandbox_config=bad,
+                    )
+                )
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            status = client.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status
+            assert status.resources.linux.cpuset_cpus == "14-15"  # --system-cpus, injected
+        out = subprocess.run(
+            [CLI, "ctl", "-r", f"unix://{sock}", "plan"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        plan = json.loads(out.stdout)
+        assert plan["pools"] == {"ls": "2-11,14-15", "be": "2-11,14-15"}  # reserved and kubelet's CPUs out
+        assert plan["containers"][cid]["cpuset_cpus"] == "14-15"  # --system-cpus
+    finally:
+        proc.terminate()
+        proc.wait(15)
