@@ -30,6 +30,7 @@ class Config:
     max_send_message_bytes: int = 16 * MIB
     shutdown_grace_seconds: float = 10.0
     fail_policy: str = "ignore"
+    relay_mode: str = "grpc"  # "grpc" (grpc.aio relay) or "frames" (HTTP/2 frame relay, fastpath.py)
     log_level: str = "INFO"
     socket_group: str = ""
     state_dir: str = "/var/lib/cri-proxy"
@@ -42,8 +43,18 @@ class Config:
     reconcile_concurrency: int = 8
     reconcile_period_seconds: float = 30.0
     kubelet_poll_seconds: float = 1.0
+    log_format: str = "auto"  # auto | text | json
+    metrics_address: str = ""  # HOST:PORT for /metrics, /healthz, /readyz; empty: off
 
     def validate(self) -> Config:
+        if self.relay_mode not in ("grpc", "frames"):
+            raise ConfigError(f"relay_mode: must be 'grpc' or 'frames', not {self.relay_mode!r}")
+        if self.log_format not in ("auto", "text", "json"):
+            raise ConfigError(f"log_format: must be 'auto', 'text' or 'json', not {self.log_format!r}")
+        if self.metrics_address:
+            host, sep, port = self.metrics_address.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ConfigError(f"metrics_address: expected HOST:PORT, not {self.metrics_address!r}")
         if self.fail_policy not in ("ignore", "fail"):
             raise ConfigError(f"fail_policy: must be 'ignore' or 'fail', not {self.fail_policy!r}")
         for key in ("max_recv_message_bytes", "max_send_message_bytes"):
@@ -78,6 +89,23 @@ class Config:
                 raise ConfigError(f"{key}: must not be empty")
         return self
 
+
+RELOADABLE = frozenset(
+    {
+        "log_level",
+        "log_format",
+        "reserved_cpus",
+        "system_cpus",
+        "fail_policy",
+        "dry_run",
+        "exclusive_wait_seconds",
+        "reconcile_concurrency",
+        "reconcile_period_seconds",
+        "kubelet_poll_seconds",
+        "shutdown_grace_seconds",
+    }
+)
+"""What SIGHUP can change; everything else needs a restart (and the log says so)."""
 
 _TYPES: dict[str, type] = {f.name: type(getattr(Config(), f.name)) for f in fields(Config)}
 

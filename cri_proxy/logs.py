@@ -1,19 +1,33 @@
-"""Log set-up with loguru: human lines on a terminal, plain lines elsewhere."""
+"""Log set-up with loguru: colour on a terminal, plain lines under journald, one-line JSON on request."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from typing import Any
 
 from loguru import logger
 
 
-def setup_logging(level: str = "INFO") -> None:
+def _json_sink(message: Any) -> None:
+    record = message.record
+    line = {"time": record["time"].isoformat(), "level": record["level"].name, "msg": record["message"]}
+    line.update({k: v for k, v in record["extra"].items() if isinstance(v, str | int | float | bool)})
+    if record["exception"] is not None:
+        line["exception"] = repr(record["exception"].value)
+    sys.stderr.write(json.dumps(line) + "\n")
+
+
+def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:
+    """`auto`: colour on a terminal; under journald (JOURNAL_STREAM set) plain lines without time
+    or colour, journald adds its own; elsewhere plain lines with time. `json`: one JSON object a line."""
     logger.remove()
-    logger.add(
-        sys.stderr,
-        level=level.upper(),
-        colorize=sys.stderr.isatty(),
-        backtrace=False,
-        diagnose=False,
-        format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {message}",
-    )
+    level = level.upper()
+    if fmt == "json":
+        logger.add(_json_sink, level=level, backtrace=False, diagnose=False)
+        return
+    journald = fmt == "auto" and bool(os.environ.get("JOURNAL_STREAM"))
+    tty = fmt == "auto" and sys.stderr.isatty()
+    layout = "{level: <7} {message}" if journald else "{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {message}"
+    logger.add(sys.stderr, level=level, colorize=tty, backtrace=False, diagnose=False, format=layout)

@@ -9,20 +9,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
+import grpc
+import grpc.aio
 from loguru import logger
+from prometheus_client import CollectorRegistry
 from tenacity import AsyncRetrying, stop_after_delay, stop_never, wait_exponential
 
-from cri_proxy.config import Config
+from cri_proxy.config import RELOADABLE, Config
 from cri_proxy.cpu import CPUSet
+from cri_proxy.daemon.health import HealthService
+from cri_proxy.daemon.http import HttpEndpoint
+from cri_proxy.daemon.metrics import CallMetrics, StateCollector
+from cri_proxy.daemon.notify import notify, watchdog_interval
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler, channel_reader, channel_sender
 from cri_proxy.enforce.recovery import recover
-from cri_proxy.errors import CheckpointError
+from cri_proxy.errors import CheckpointError, CriProxyError
+from cri_proxy.logs import setup_logging
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
@@ -39,8 +50,10 @@ CHECKPOINT_NAME = "checkpoint.json"
 class Proxy:
     """Everything `serve` runs, built from one Config; tests build it in-process too."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
         self.config = config
+        self.reload_config = reload
+        self.runtime_up = False
         self.state = NodeState()
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
         self.kubelet.poll()
@@ -53,7 +66,8 @@ class Proxy:
         )
         self.table = HookTable()
         self.introspection = Introspection(self.state, self.policy)
-        self.relay = Relay(config, self.table, extra_handlers=(self.introspection,))
+        self.health = HealthService(lambda: self.runtime_up)
+        self.relay = Relay(config, self.table, extra_handlers=(self.introspection, self.health))
         self.reconciler = Reconciler(
             self.state,
             self.policy,
@@ -76,6 +90,12 @@ class Proxy:
         self.checkpoint_path = Path(config.state_dir) / CHECKPOINT_NAME
         self.lock = StateDirLock(config.state_dir)
         self.recovered = asyncio.Event()
+        self.http: HttpEndpoint | None = None
+        if config.metrics_address:
+            registry = CollectorRegistry()
+            self.relay.forwarder.observer = CallMetrics(registry)
+            registry.register(StateCollector(self._metrics_view))
+            self.http = HttpEndpoint(config.metrics_address, registry, self._healthz, self._readyz)
         self._tasks: list[asyncio.Task[None]] = []
         self._saved_generation = -1
         self._last_save_error = ""
@@ -128,8 +148,18 @@ class Proxy:
         self._spawn(self.reconciler.run)
         self._spawn(self._watch_kubelet)
         self._spawn(self._keep_checkpoint)
+        self._spawn(self._probe_runtime)
         if not done:
             self._spawn(lambda: self._recover_later(saved))
+        if self.http is not None:
+            await self.http.start()
+            logger.info("metrics and health on http://{}:{}/metrics", self.http.host, self.http.port)
+        interval = watchdog_interval()
+        if interval is not None:
+            self._spawn(lambda: self._watchdog(interval))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload))
+        status = "serving" if done else f"serving; waiting for runtime {self.config.runtime_endpoint}"
+        notify(f"READY=1\nSTATUS={status}")
 
     def _spawn(self, job: Callable[[], Awaitable[None]]) -> None:
         self._tasks.append(asyncio.ensure_future(job()))
@@ -138,6 +168,86 @@ class Proxy:
         await self.recover(saved, give_up_after=None)
 
     # -- running ------------------------------------------------------------------------------
+    # -- daemon -------------------------------------------------------------------------------
+    async def _probe_runtime(self) -> None:
+        """Is the runtime answering? For /healthz, the gRPC health service and `runtime_up`."""
+        version = self.relay.channel.unary_unary("/runtime.v1.RuntimeService/Version", None, None)
+        while True:
+            try:
+                await version(b"", timeout=2.0)
+                up = True
+            except grpc.aio.AioRpcError as exc:
+                up = exc.code() is grpc.StatusCode.UNIMPLEMENTED  # a v1alpha2-only runtime still answers
+            if up != self.runtime_up:
+                self.runtime_up = up
+                level = "INFO" if up else "WARNING"
+                logger.log(
+                    level, "runtime {} is {}", self.config.runtime_endpoint, "up" if up else "not answering"
+                )
+            await asyncio.sleep(2.0 if up else 0.5)
+
+    async def _healthz(self) -> tuple[bool, str]:
+        if not self.runtime_up:
+            return False, f"runtime {self.config.runtime_endpoint} not answering"
+        return True, "ok"
+
+    async def _readyz(self) -> tuple[bool, str]:
+        if not self.recovered.is_set():
+            return False, "state not recovered from the runtime yet"
+        return await self._healthz()
+
+    def _metrics_view(self) -> dict[str, Any]:
+        return {
+            "pods": len(self.state.pods()),
+            "containers": len(self.state.containers()),
+            "runtime_up": self.runtime_up,
+            "injections": dict(self.hooks.injected),
+            "problem_kinds": [str(p.kind) for p in self.policy.plan().problems],
+            "reconcile": vars(self.reconciler.totals),
+        }
+
+    async def _watchdog(self, interval: float) -> None:
+        while True:
+            notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def reload(self) -> None:
+        """SIGHUP: read the config again; apply what can change at run time, say what cannot."""
+        if self.reload_config is None:
+            return
+        notify("RELOADING=1")
+        try:
+            new = self.reload_config()
+        except CriProxyError as exc:
+            logger.error("reload refused, the running configuration stays: {}", exc)
+            notify("READY=1")
+            return
+        fixed = sorted(
+            f.name
+            for f in fields(Config)
+            if f.name not in RELOADABLE and getattr(new, f.name) != getattr(self.config, f.name)
+        )
+        if fixed:
+            logger.warning("cannot change at run time, restart to apply: {}", ", ".join(fixed))
+        self.apply(replace(new, **{name: getattr(self.config, name) for name in fixed}))
+        notify("READY=1")
+
+    def apply(self, config: Config) -> None:
+        """Take the run-time-changeable settings of `config`."""
+        setup_logging(config.log_level, config.log_format)
+        self.policy.reserved = CPUSet.parse(config.reserved_cpus)
+        self.policy.system = CPUSet.parse(config.system_cpus)
+        self.policy.facts_changed()
+        self.hooks.fail_policy = self.relay.forwarder.fail_policy = FailPolicy(config.fail_policy)
+        self.hooks.dry_run = self.reconciler.dry_run = config.dry_run
+        self.hooks.exclusive_wait = config.exclusive_wait_seconds
+        self.reconciler.concurrency = config.reconcile_concurrency
+        self.reconciler.period = config.reconcile_period_seconds
+        self.relay.config = replace(self.relay.config, shutdown_grace_seconds=config.shutdown_grace_seconds)
+        self.config = config
+        logger.info("configuration reloaded")
+        self.reconciler.request()
+
     async def _watch_kubelet(self) -> None:
         while True:
             await asyncio.sleep(self.config.kubelet_poll_seconds)
@@ -169,6 +279,11 @@ class Proxy:
         self._last_save_error = ""
 
     async def stop(self) -> None:
+        notify("STOPPING=1")
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        if self.http is not None:
+            await self.http.stop()
         await self.relay.stop()
         for task in self._tasks:
             task.cancel()
@@ -180,6 +295,6 @@ class Proxy:
         self.lock.release()
 
 
-async def serve(config: Config) -> None:
-    proxy = Proxy(config)
+async def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
+    proxy = Proxy(config, reload)
     await run_until_signalled(proxy.start, proxy.stop)

@@ -33,7 +33,18 @@ def register(sub: Any) -> None:
         choices=("ignore", "fail"),
         help="when a hook fails: forward unchanged (ignore, default) or refuse the call",
     )
+    p.add_argument(
+        "--relay-mode",
+        choices=("grpc", "frames"),
+        help="relay gRPC calls (grpc, default) or HTTP/2 frames per connection (frames, faster)",
+    )
     p.add_argument("--log-level", help="TRACE, DEBUG, INFO (default), WARNING, ERROR")
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "text", "json"),
+        help="auto (default: colour on a terminal, plain lines under journald), text, or json",
+    )
+    p.add_argument("--metrics-address", help="HOST:PORT for /metrics, /healthz, /readyz (default: off)")
     p.add_argument("--state-dir", help="where the checkpoint lives (default /var/lib/cri-proxy)")
     p.add_argument(
         "--kubelet-state-file",
@@ -64,8 +75,11 @@ def run(args: argparse.Namespace) -> int:
         "max_send_message_bytes": args.max_message_bytes,
         "shutdown_grace_seconds": args.shutdown_grace,
         "fail_policy": args.fail_policy,
+        "relay_mode": args.relay_mode,
         "log_level": args.log_level,
         "state_dir": args.state_dir,
+        "log_format": args.log_format,
+        "metrics_address": args.metrics_address,
         "kubelet_state_file": args.kubelet_state_file,
         "sysfs_root": args.sysfs_root,
         "reserved_cpus": args.reserved_cpus,
@@ -78,11 +92,15 @@ def run(args: argparse.Namespace) -> int:
     except CriProxyError as exc:
         print(f"cri-proxy serve: {exc}", file=sys.stderr)
         return 2
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     from cri_proxy.serve import serve
 
+    def reload() -> config_mod.Config:
+        """SIGHUP: the same file and the same flags, read again."""
+        return config_mod.load(args.config, overrides)
+
     try:
-        asyncio_run(serve(config))
+        asyncio_run(serve(config, reload))
     except CriProxyError as exc:
         print(f"cri-proxy serve: {exc}", file=sys.stderr)
         return 1

@@ -9,9 +9,11 @@ Status codes, details, initial and trailing metadata and deadlines pass through 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 
 import grpc
 import grpc.aio
@@ -55,6 +57,33 @@ _CONNECT_FAILURE_MARKERS = (
 )
 
 
+UPSTREAM_SECONDS: contextvars.ContextVar[float] = contextvars.ContextVar("upstream_seconds", default=0.0)
+"""How long the runtime took for the current call (each call runs in its own task)."""
+
+
+class CallObserver(Protocol):
+    def observe(self, path: str, code: grpc.StatusCode, total: float, upstream: float) -> None: ...
+
+
+def _measured(observer: CallObserver, path: str, behaviour: Any) -> Any:
+    """Time a unary behaviour: total, and the runtime's part; count it by status code."""
+
+    async def measured(request: bytes, context: Context) -> bytes:
+        began = perf_counter()
+        UPSTREAM_SECONDS.set(0.0)
+        code = grpc.StatusCode.OK
+        try:
+            result: bytes = await behaviour(request, context)
+            return result
+        except BaseException:
+            code = context.code() or grpc.StatusCode.UNKNOWN  # set by abort
+            raise
+        finally:
+            observer.observe(path, code, perf_counter() - began, UPSTREAM_SECONDS.get())
+
+    return measured
+
+
 class FailPolicy(enum.Enum):
     """What a hook's own failure does to the call (Koordinator's Ignore/Fail)."""
 
@@ -83,6 +112,7 @@ class Forwarder(_GenericHandler):
         self._endpoint = runtime_endpoint
         self._hooks = hooks if hooks is not None else HookTable()
         self.fail_policy = fail_policy
+        self.observer: CallObserver | None = None  # set before serving; read when handlers are made
         self._handlers: dict[str, Handler] = {}
         self._unknown = 0
 
@@ -103,8 +133,12 @@ class Forwarder(_GenericHandler):
             upstream_unary = self._channel.unary_unary(path, None, None)
             hooks = self._hooks.get(path)
             if hooks is None:
-                return grpc.unary_unary_rpc_method_handler(self._plain_unary(upstream_unary))
-            return grpc.unary_unary_rpc_method_handler(self._hooked_unary(upstream_unary, info, hooks))
+                behaviour = self._plain_unary(upstream_unary)
+            else:
+                behaviour = self._hooked_unary(upstream_unary, info, hooks)
+            if self.observer is not None:
+                behaviour = _measured(self.observer, path, behaviour)
+            return grpc.unary_unary_rpc_method_handler(behaviour)
         if info is not None and info.shape is Shape.SERVER_STREAM:
             upstream_stream = self._channel.unary_stream(path, None, None)
             return grpc.unary_stream_rpc_method_handler(self._server_stream(upstream_stream))
@@ -127,10 +161,13 @@ class Forwarder(_GenericHandler):
             metadata=_forwardable(context.invocation_metadata()),
             timeout=context.time_remaining(),
         )
+        began = perf_counter()
         try:
             response: bytes = await call
         except grpc.aio.AioRpcError as error:
+            UPSTREAM_SECONDS.set(perf_counter() - began)
             await self._abort(context, error)
+        UPSTREAM_SECONDS.set(perf_counter() - began)
         await _copy_metadata(call, context)
         return response
 
@@ -149,12 +186,15 @@ class Forwarder(_GenericHandler):
                 metadata=_forwardable(context.invocation_metadata()),
                 timeout=context.time_remaining(),
             )
+            began = perf_counter()
             try:
                 response: bytes = await call
             except grpc.aio.AioRpcError as error:
+                UPSTREAM_SECONDS.set(perf_counter() - began)
                 if hooks.failed is not None and message is not None:
                     await _observe(hooks.failed, message, error.code(), info)
                 await self._abort(context, error)
+            UPSTREAM_SECONDS.set(perf_counter() - began)
             if hooks.post is not None and message is not None:
                 try:
                     decoded = info.response_type.FromString(response)

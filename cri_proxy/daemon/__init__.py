@@ -1,0 +1,1 @@
+"""Running as a node daemon: systemd notify, metrics and health endpoints, the gRPC health service."""

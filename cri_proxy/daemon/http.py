@@ -1,0 +1,73 @@
+"""Metrics and health over HTTP on a loopback address: /metrics, /healthz, /readyz.
+
+A tiny asyncio HTTP/1.1 responder: three GET paths, no threads, nothing else to configure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+Probe = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[v6]:PORT`; the error names the text."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"metrics_address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    return host.strip("[]"), int(port)
+
+
+class HttpEndpoint:
+    def __init__(self, address: str, registry: CollectorRegistry, healthz: Probe, readyz: Probe) -> None:
+        self.host, self.port = parse_address(address)
+        self.registry = registry
+        self.probes = {"/healthz": healthz, "/readyz": readyz}
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        sockname = self._server.sockets[0].getsockname()
+        self.port = int(sockname[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), 10)
+            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
+                pass  # headers are not needed
+            parts = request_line.decode("latin-1").split()
+            method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
+            status, ctype, body = await self._route(method, path)
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + (body if method != "HEAD" else b""))
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", "text/plain", b"only GET\n"
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        probe = self.probes.get(path)
+        if probe is None:
+            return "404 Not Found", "text/plain", b"/metrics, /healthz, /readyz\n"
+        ok, why = await probe()
+        return ("200 OK" if ok else "503 Service Unavailable"), "text/plain", (why + "\n").encode()

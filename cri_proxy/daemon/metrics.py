@@ -1,0 +1,105 @@
+"""Prometheus metrics: calls and latency from the relay, the rest read from the live objects.
+
+Counters on the hot path only where a call happens (calls, latency); everything that is state
+(pods, containers, problems, reconcile totals, injections) is read at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cri_proxy.relay.methods import KNOWN
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5)
+
+
+def method_label(path: str) -> str:
+    """Known methods by name (`RuntimeService/Version`); anything else `other`, to bound cardinality."""
+    info = KNOWN.get(path)
+    return f"{info.service}/{info.name}" if info is not None else "other"
+
+
+class CallMetrics:
+    """What the relay records per call: count by method and code, total and runtime time."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "cri_proxy_calls",
+            "CRI calls relayed, by method and status code",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "cri_proxy_call_duration_seconds",
+            "CRI call time as the caller sees it",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.runtime = Histogram(
+            "cri_proxy_runtime_duration_seconds",
+            "of which the runtime's own time",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.overhead = Histogram(
+            "cri_proxy_overhead_seconds",
+            "of which the proxy's own time (hooks included)",
+            ["method"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=registry,
+        )
+
+    def observe(self, path: str, code: grpc.StatusCode, total: float, upstream: float) -> None:
+        method = method_label(path)
+        self.calls.labels(method, code.name).inc()
+        self.duration.labels(method).observe(total)
+        self.runtime.labels(method).observe(upstream)
+        self.overhead.labels(method).observe(max(0.0, total - upstream))
+
+
+class StateCollector(Collector):
+    """Gauges and counters read from the proxy's objects when Prometheus scrapes."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Any]:
+        s = self.read()
+        yield GaugeMetricFamily("cri_proxy_pods_tracked", "pod sandboxes the proxy knows", value=s["pods"])
+        yield GaugeMetricFamily(
+            "cri_proxy_containers_tracked", "containers the proxy knows", value=s["containers"]
+        )
+        yield GaugeMetricFamily(
+            "cri_proxy_runtime_up",
+            "1 when the runtime answered its last check",
+            value=1 if s["runtime_up"] else 0,
+        )
+        injections = CounterMetricFamily(
+            "cri_proxy_injections", "cpusets injected into CreateContainer, by QoS", labels=["qos"]
+        )
+        for qos, n in sorted(s["injections"].items()):
+            injections.add_metric([qos], n)
+        yield injections
+        problems = GaugeMetricFamily(
+            "cri_proxy_problems", "problems in the current decision, by kind", labels=["kind"]
+        )
+        for kind, n in sorted(Tally(s["problem_kinds"]).items()):
+            problems.add_metric([kind], n)
+        yield problems
+        for name, help_text in (
+            ("passes", "reconcile passes"),
+            ("updated", "containers re-pinned"),
+            ("failed", "updates that failed after retries"),
+            ("dropped", "containers found gone"),
+        ):
+            yield CounterMetricFamily(f"cri_proxy_reconcile_{name}", help_text, value=s["reconcile"][name])

@@ -1,0 +1,263 @@
+"""`cri-proxy serve` as a node daemon: systemd notify, SIGHUP reload, metrics, health, log format."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cri_api.v1 import api_pb2 as v1
+from cri_proxy.client import CriClient
+from tests.unit.enforce_support import fake_sysfs
+
+CLI = str(Path(sys.executable).parent / "cri-proxy")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(predicate: object, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Daemon:
+    """A fake runtime and `cri-proxy serve` with a config file, as systemd would run it."""
+
+    def __init__(self, tmp: Path, config: str = "", env: dict[str, str] | None = None, *extra: str) -> None:
+        self.tmp = tmp
+        self.runtime_sock = tmp / "runtime.sock"
+        self.sock = tmp / "proxy.sock"
+        self.config = tmp / "config.toml"
+        self.config.write_text(config)
+        self.fake = subprocess.Popen(
+            [CLI, "fake-runtime", "--listen", f"unix://{self.runtime_sock}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait(self.runtime_sock.exists, what="fake runtime")
+        self.log = tmp / "proxy.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    CLI,
+                    "serve",
+                    "--config",
+                    str(self.config),
+                    "--listen",
+                    f"unix://{self.sock}",
+                    "--runtime-endpoint",
+                    f"unix://{self.runtime_sock}",
+                    "--state-dir",
+                    str(tmp / "state"),
+                    "--kubelet-state-file",
+                    str(tmp / "cms"),
+                    "--sysfs-root",
+                    str(fake_sysfs(tmp / "sys", {0: "0-7", 1: "8-15"})),
+                    *extra,
+                ],
+                stdout=log,
+                stderr=log,
+                env={**os.environ, **(env or {})},
+            )
+        _wait(self.sock.exists, what="proxy socket")
+
+    def logs(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(20)
+        self.fake.terminate()
+        self.fake.wait(10)
+        return code
+
+    def plan(self) -> dict[str, object]:
+        out = subprocess.run(
+            [CLI, "ctl", "-r", f"unix://{self.sock}", "plan"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        result: dict[str, object] = json.loads(out.stdout)
+        return result
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(15)
+    yield sock
+    sock.close()
+
+
+def _messages(sock: socket.socket, until: str) -> list[str]:
+    seen = []
+    while True:
+        msg = sock.recv(4096).decode()
+        seen.append(msg)
+        if until in msg:
+            return seen
+
+
+def test_notify_ready_watchdog_reloading_and_stopping(tmp_path: Path, notify_socket: socket.socket) -> None:
+    env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "200000"}
+    daemon = Daemon(tmp_path, "", env)
+    try:
+        seen = _messages(notify_socket, "READY=1")
+        assert any(m.startswith("READY=1\nSTATUS=serving") for m in seen)
+        pings = [m for m in _messages(notify_socket, "WATCHDOG=1") if m == "WATCHDOG=1"]
+        pings += [m for m in _messages(notify_socket, "WATCHDOG=1") if m == "WATCHDOG=1"]
+        assert len(pings) >= 2  # every WatchdogSec/2
+        daemon.proc.send_signal(signal.SIGHUP)
+        after = _messages(notify_socket, "READY=1")
+        assert "RELOADING=1" in after
+    finally:
+        code = daemon.stop()
+    assert "STOPPING=1" in _messages(notify_socket, "STOPPING=1")
+    assert code == 0
+
+
+def test_sighup_applies_what_can_change_and_names_what_cannot(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, 'reserved_cpus = ""\n')
+    try:
+        assert daemon.plan()["pools"] == {"ls": "0-15", "be": "0-15"}
+        daemon.config.write_text('reserved_cpus = "0-1"\nmax_recv_message_bytes = 1048576\n')
+        daemon.proc.send_signal(signal.SIGHUP)
+        _wait(lambda: daemon.plan()["pools"] == {"ls": "2-15", "be": "2-15"}, what="reserved CPUs to apply")
+        assert "cannot change at run time, restart to apply: max_recv_message_bytes" in daemon.logs()
+        daemon.config.write_text('reserved_cpus = "zero"\n')  # a bad file: refused, the running one stays
+        daemon.proc.send_signal(signal.SIGHUP)
+        _wait(lambda: "reload refused" in daemon.logs(), what="the refusal in the log")
+        assert "reserved_cpus" in daemon.logs().split("reload refused")[1]
+        assert daemon.plan()["pools"] == {"ls": "2-15", "be": "2-15"}
+        assert daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
+    port = _free_port()
+    daemon = Daemon(tmp_path, f'metrics_address = "127.0.0.1:{port}"\n')
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: _get(base + "/healthz")[0] == 200, what="/healthz")
+        _wait(lambda: _get(base + "/readyz")[0] == 200, what="/readyz")
+        with CriClient(f"unix://{daemon.sock}") as client:
+            client.runtime.Version(v1.VersionRequest())
+            with pytest.raises(grpc.RpcError):
+                client.runtime.ContainerStatus(v1.ContainerStatusRequest(container_id="nope"))
+            pod = v1.PodSandboxConfig(
+                metadata=v1.PodSandboxMetadata(name="p", uid="u", namespace="d"),
+                labels={"koordinator.sh/qosClass": "BE"},
+                linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/podu"),
+            )
+            sandbox = client.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=pod)).pod_sandbox_id
+            client.runtime.CreateContainer(
+                v1.CreateContainerRequest(
+                    pod_sandbox_id=sandbox, config=v1.ContainerConfig(metadata=v1.ContainerMetadata(name="c"))
+                )
+            )
+        status, text = _get(base + "/metrics")
+        assert status == 200
+        assert 'cri_proxy_calls_total{code="OK",method="RuntimeService/Version"} 1.0' in text
+        assert 'cri_proxy_calls_total{code="NOT_FOUND",method="RuntimeService/ContainerStatus"} 1.0' in text
+        assert 'cri_proxy_overhead_seconds_count{method="RuntimeService/Version"} 1.0' in text
+        assert 'cri_proxy_runtime_duration_seconds_count{method="RuntimeService/Version"} 1.0' in text
+        assert 'cri_proxy_injections_total{qos="BE"} 1.0' in text
+        assert "cri_proxy_pods_tracked 1.0" in text and "cri_proxy_containers_tracked 1.0" in text
+        assert "cri_proxy_runtime_up 1.0" in text and "cri_proxy_reconcile_passes_total" in text
+        assert _get(base + "/nothing")[0] == 404
+        daemon.fake.terminate()  # the runtime goes away
+        daemon.fake.wait(10)
+        _wait(lambda: _get(base + "/healthz")[0] == 503, what="/healthz to fail")
+        assert "not answering" in _get(base + "/healthz")[1]
+        assert "cri_proxy_runtime_up 0.0" in _get(base + "/metrics")[1]
+    finally:
+        daemon.stop()
+
+
+def test_metrics_listener_is_off_by_default(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, "")
+    try:
+        assert "metrics and health on" not in daemon.logs()
+        listening = Path("/proc/net/tcp").read_text()
+        own = {line.split()[9] for line in listening.splitlines()[1:]}  # socket inodes
+        fds = {
+            os.readlink(f"/proc/{daemon.proc.pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{daemon.proc.pid}/fd")
+        }
+        assert not any(f"socket:[{inode}]" in fds for inode in own)
+    finally:
+        daemon.stop()
+
+
+def test_grpc_health_service_on_the_proxy_socket(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, "")
+    try:
+        with grpc.insecure_channel(f"unix://{daemon.sock}") as channel:
+            check = channel.unary_unary("/grpc.health.v1.Health/Check")
+            _wait(lambda: check(b"", timeout=5) == b"\x08\x01", what="SERVING")
+
+            def request(service: bytes) -> bytes:  # HealthCheckRequest {service = 1}
+                return bytes([0x0A, len(service)]) + service
+
+            assert check(request(b"runtime.v1.RuntimeService"), timeout=5) == b"\x08\x01"
+            with pytest.raises(grpc.RpcError) as err:
+                check(request(b"nothing"), timeout=5)
+            assert err.value.code() is grpc.StatusCode.NOT_FOUND
+            watch = channel.unary_stream("/grpc.health.v1.Health/Watch")(b"", timeout=5)
+            assert next(iter(watch)) == b"\x08\x01"
+            watch.cancel()
+    finally:
+        daemon.stop()
+
+
+def test_json_log_format_is_one_object_a_line(tmp_path: Path) -> None:
+    daemon = Daemon(tmp_path, 'log_format = "json"\n')
+    try:
+        with CriClient(f"unix://{daemon.sock}") as client:
+            pod = v1.PodSandboxConfig(
+                metadata=v1.PodSandboxMetadata(name="p", uid="u", namespace="d"),
+                linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/podu"),
+            )
+            sandbox = client.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=pod)).pod_sandbox_id
+            client.runtime.CreateContainer(
+                v1.CreateContainerRequest(
+                    pod_sandbox_id=sandbox, config=v1.ContainerConfig(metadata=v1.ContainerMetadata(name="c"))
+                )
+            )
+    finally:
+        daemon.stop()
+    lines = [json.loads(line) for line in daemon.logs().splitlines() if line.strip()]
+    assert lines and all({"time", "level", "msg"} <= set(line) for line in lines)
+    assert any("d/p c: LS -> cpuset 0-15" in line["msg"] for line in lines)  # the decision, once, at info
