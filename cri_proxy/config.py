@@ -33,6 +33,7 @@ class Config:
     relay_mode: str = "grpc"  # "grpc" (grpc.aio relay) or "frames" (HTTP/2 frame relay, fastpath.py)
     log_level: str = "INFO"
     socket_group: str = ""
+    allow_world_writable_socket_dir: bool = False
     state_dir: str = "/var/lib/cri-proxy"
     kubelet_state_file: str = "/var/lib/kubelet/cpu_manager_state"
     sysfs_root: str = "/sys"

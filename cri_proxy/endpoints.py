@@ -47,7 +47,7 @@ def socket_answers(path: Path, timeout: float = 0.5) -> bool:
     return True
 
 
-def prepare_listen_socket(path: Path) -> None:
+def prepare_listen_socket(path: Path, allow_world_writable_dir: bool = False) -> None:
     """Make `path` free for a new listening socket, or refuse with a clear error.
 
     The parent directory is created (0755). A socket file left by a dead server is removed; one
@@ -55,6 +55,13 @@ def prepare_listen_socket(path: Path) -> None:
     a symlink that could point anywhere) is refused rather than deleted.
     """
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    parent_mode = path.parent.stat().st_mode
+    if parent_mode & stat.S_IWOTH and not allow_world_writable_dir:
+        # anyone could plant a socket or symlink there between our checks and our bind
+        raise EndpointError(
+            f"refusing to listen in {path.parent}: the directory is world-writable "
+            "(use a private directory such as /run/cri-proxy, or allow_world_writable_socket_dir = true)"
+        )
     try:
         st = path.lstat()
     except FileNotFoundError:

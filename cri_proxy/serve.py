@@ -54,6 +54,7 @@ class Proxy:
         self.config = config
         self.reload_config = reload
         self.runtime_up = False
+        self._seen_down = False
         self.state = NodeState()
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
         self.kubelet.poll()
@@ -184,7 +185,14 @@ class Proxy:
                 logger.log(
                     level, "runtime {} is {}", self.config.runtime_endpoint, "up" if up else "not answering"
                 )
+                if up and self._seen_down and self.recovered.is_set():
+                    # back after an outage: re-read what changed meanwhile, re-apply what could not be
+                    self._spawn(self._recover_after_outage)
+                self._seen_down = self._seen_down or not up
             await asyncio.sleep(2.0 if up else 0.5)
+
+    async def _recover_after_outage(self) -> None:
+        await self.recover((self.state.pods(), self.state.containers()), give_up_after=30.0)
 
     async def _healthz(self) -> tuple[bool, str]:
         if not self.runtime_up:

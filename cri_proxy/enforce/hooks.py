@@ -18,6 +18,7 @@ from cri_proxy.cpu.decide import ContainerDecision
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.errors import CpuError
+from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookError, HookTable
 from cri_proxy.relay.methods import MethodInfo
@@ -121,6 +122,9 @@ class EnforceHooks:
             )
             return request
         name, attempt = req.config.metadata.name, req.config.metadata.attempt
+        logger.opt(lazy=True).debug(
+            "CreateContainer {} {}: {}", lambda: pod.key, lambda: name, lambda: dump(req)
+        )
         pid = pending_id(pod.sandbox_id, name, attempt)
         self.state.put_container(
             ContainerRecord(

@@ -103,7 +103,7 @@ class FakeRuntime:
 
     async def start(self) -> None:
         if self._socket is not None:
-            prepare_listen_socket(self._socket)
+            prepare_listen_socket(self._socket, allow_world_writable_dir=True)  # a test tool
         self.server.add_insecure_port(grpc_target(self.opts.listen))
         await self.server.start()
         logger.info(

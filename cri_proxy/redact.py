@@ -1,0 +1,30 @@
+"""Debug dumps of CRI messages without secrets: environment variable values are never logged."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+REDACTED = "<redacted>"
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "envs" and isinstance(item, list):
+                out[key] = [{**env, "value": REDACTED} if isinstance(env, dict) else REDACTED for env in item]
+            else:
+                out[key] = _scrub(item)
+        return out
+    if isinstance(value, list):
+        return [_scrub(item) for item in value]
+    return value
+
+
+def dump(message: Message) -> str:
+    """The message as one line of JSON, `envs` values replaced by <redacted>."""
+    return json.dumps(_scrub(MessageToDict(message, preserving_proto_field_name=True)), sort_keys=True)

@@ -1,0 +1,97 @@
+"""containerd stopped and restarted under the proxy: UNAVAILABLE meanwhile, then everything caught up."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from conftest import ProxyProcess
+from containerd import PrivateContainerd, connect, read_container_cpuset
+from kube import container_config, pod_sandbox_config
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def enforcer(containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
+    process = ProxyProcess(containerd, name="faults").start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        (containerd.workdir / "cpu_manager_state").unlink(missing_ok=True)
+
+
+def _wait(predicate: object, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():  # type: ignore[operator]
+                return
+        except (grpc.RpcError, FileNotFoundError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_containerd_restart_under_the_proxy(containerd: PrivateContainerd, enforcer: ProxyProcess) -> None:
+    with connect(enforcer.address) as cri:
+        api, rt = cri.api, cri.runtime
+        placed = {}
+        for name, qos in (("be", "besteffort"), ("ls", "burstable")):
+            pod = pod_sandbox_config(api, name, qos=qos, log_root=containerd.pod_log_dir)  # type: ignore[arg-type]
+            pod_id = rt.RunPodSandbox(api.RunPodSandboxRequest(config=pod), timeout=30).pod_sandbox_id
+            cid = rt.CreateContainer(
+                api.CreateContainerRequest(
+                    pod_sandbox_id=pod_id, config=container_config(api, pod, "app"), sandbox_config=pod
+                ),
+                timeout=30,
+            ).container_id
+            rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=30)
+            placed[cid] = pod.linux.cgroup_parent
+        assert {read_container_cpuset(parent, cid) for cid, parent in placed.items()} == {"0-1"}
+
+        # a call in flight when containerd goes away fails, it does not hang or crash the proxy
+        in_flight: list[object] = []
+        cid0 = next(iter(placed))
+
+        def long_exec() -> None:
+            try:
+                rt.ExecSync(
+                    api.ExecSyncRequest(container_id=cid0, cmd=["sleep", "3"], timeout=10), timeout=20
+                )
+                in_flight.append("ok")
+            except grpc.RpcError as exc:
+                in_flight.append(exc.code())
+
+        worker = threading.Thread(target=long_exec)
+        worker.start()
+        time.sleep(0.5)
+        containerd.terminate()
+        worker.join(25)
+        assert in_flight and in_flight[0] != "ok"
+
+        with pytest.raises(grpc.RpcError) as err:
+            rt.Version(api.VersionRequest(), timeout=5)
+        assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert containerd.address in (err.value.details() or "")
+
+        # while the runtime is away the kubelet pins CPU 1 for a Guaranteed pod: the decision moves
+        # BE and LS to CPU 0, and the updates cannot be sent yet
+        state = {"policyName": "static", "defaultCpuSet": "0", "entries": {"uid-elsewhere": {"main": "1"}}}
+        (containerd.workdir / "cpu_manager_state").write_text(json.dumps(state))
+        time.sleep(1.5)
+
+        containerd.start_daemon()
+        _wait(
+            lambda: rt.Version(api.VersionRequest(), timeout=5).runtime_name == "containerd",
+            what="calls through the proxy to work again without restarting it",
+        )
+        _wait(
+            lambda: {read_container_cpuset(parent, cid) for cid, parent in placed.items()} == {"0"},
+            what="the missed decisions to be applied once containerd is back",
+        )
