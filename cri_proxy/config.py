@@ -22,7 +22,8 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """Everything `cri-proxy serve` can be told. Field names are the TOML keys."""
+    """Everything `cri-proxy serve` can be told. Field names are the TOML keys, except that
+    `kubernetes_<key>` is `<key>` in the `[kubernetes]` table (see `TABLES`)."""
 
     listen: str = DEFAULT_LISTEN
     runtime_endpoint: str = DEFAULT_RUNTIME_ENDPOINT
@@ -46,6 +47,9 @@ class Config:
     kubelet_poll_seconds: float = 1.0
     log_format: str = "auto"  # auto | text | json
     metrics_address: str = ""  # HOST:PORT for /metrics, /healthz, /readyz; empty: off
+    kubernetes_enabled: bool = False  # [kubernetes] enabled: watch this node's pods for re-binds
+    kubernetes_node_name: str = ""  # [kubernetes] node_name; empty: the host name
+    kubernetes_kubeconfig: str = ""  # [kubernetes] kubeconfig; empty: in-cluster, then ~/.kube/config
 
     def validate(self) -> Config:
         if self.relay_mode not in ("grpc", "frames"):
@@ -111,13 +115,36 @@ RELOADABLE = frozenset(
 _TYPES: dict[str, type] = {f.name: type(getattr(Config(), f.name)) for f in fields(Config)}
 
 
-def _coerce(key: str, value: Any) -> Any:
+TABLES: dict[str, str] = {"kubernetes": "kubernetes_"}
+"""TOML tables: `[table] key = value` sets the field `<prefix>key`; those fields have no flat key."""
+
+
+def _coerce(key: str, value: Any, name: str | None = None) -> Any:
     want = _TYPES[key]
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-        raise ConfigError(f"{key}: expected {want.__name__}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{name or key}: expected {want.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+def _from_file(data: dict[str, Any], file: Path) -> dict[str, Any]:
+    """The file's keys as field names; unknown keys (also inside a table) refused by name."""
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        prefix = TABLES.get(key)
+        if prefix is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config file {file}: {key}: expected a table [{key}], got {value!r}")
+            for sub, item in value.items():
+                if prefix + sub not in _TYPES:
+                    raise ConfigError(f"config file {file}: unknown key '{key}.{sub}'")
+                values[prefix + sub] = _coerce(prefix + sub, item, f"{key}.{sub}")
+            continue
+        if key not in _TYPES or key.startswith(tuple(TABLES.values())):
+            raise ConfigError(f"config file {file}: unknown key {key!r}")
+        values[key] = _coerce(key, value)
+    return values
 
 
 def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
@@ -136,10 +163,7 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {file}: not valid TOML: {exc}") from None
-    for key, value in data.items():
-        if key not in _TYPES:
-            raise ConfigError(f"config file {file}: unknown key {key!r}")
-        values[key] = _coerce(key, value)
+    values.update(_from_file(data, file))
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = _coerce(key, value)

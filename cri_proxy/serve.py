@@ -27,6 +27,7 @@ from cri_proxy.daemon.health import HealthService
 from cri_proxy.daemon.http import HttpEndpoint
 from cri_proxy.daemon.metrics import CallMetrics, StateCollector
 from cri_proxy.daemon.notify import notify, watchdog_interval
+from cri_proxy.endpoints import prepare_listen_socket, socket_path
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
 from cri_proxy.enforce.policy import Policy
@@ -37,6 +38,7 @@ from cri_proxy.logs import setup_logging
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
+from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state import checkpoint
 from cri_proxy.state.checkpoint import Records
@@ -58,12 +60,23 @@ class Proxy:
         self.state = NodeState()
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
         self.kubelet.poll()
+        self.kube_api = (
+            KubeApiWatcher(
+                self.state,
+                config.kubernetes_node_name,
+                config.kubernetes_kubeconfig,
+                on_change=self._kube_api_changed,
+            )
+            if config.kubernetes_enabled
+            else None
+        )
         self.policy = Policy(
             self.state,
             read_topology(config.sysfs_root),
             CPUSet.parse(config.reserved_cpus),
             CPUSet.parse(config.system_cpus),
             self.kubelet,
+            self.kube_api,
         )
         self.table = HookTable()
         self.introspection = Introspection(self.state, self.policy)
@@ -143,11 +156,16 @@ class Proxy:
         trouble = self.lock.acquire()
         if trouble is not None:
             logger.warning("{} (working without a checkpoint lock)", trouble)
+        listen = socket_path(self.config.listen)
+        if listen is not None:  # refuse a live owner or a bad path now, not after recovery
+            prepare_listen_socket(listen, self.config.allow_world_writable_socket_dir)
         saved = self.load_checkpoint()
         done = await self.recover(saved, give_up_after=3.0)
         await self.relay.start()
         self._spawn(self.reconciler.run)
         self._spawn(self._watch_kubelet)
+        if self.kube_api is not None:
+            self._spawn(self.kube_api.run)
         self._spawn(self._keep_checkpoint)
         self._spawn(self._probe_runtime)
         if not done:
@@ -254,6 +272,11 @@ class Proxy:
         self.relay.config = replace(self.relay.config, shutdown_grace_seconds=config.shutdown_grace_seconds)
         self.config = config
         logger.info("configuration reloaded")
+        self.reconciler.request()
+
+    def _kube_api_changed(self) -> None:
+        """The Kubernetes API's view of a pod, or its reachability, changed: decide again."""
+        self.policy.facts_changed()
         self.reconciler.request()
 
     async def _watch_kubelet(self) -> None:

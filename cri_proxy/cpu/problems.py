@@ -16,6 +16,9 @@ class ProblemKind(StrEnum):
     NUMA_EMPTY = "numa-empty"
     POOL_EXHAUSTED = "pool-exhausted"
     BAD_KUBELET_STATE = "bad-kubelet-state"
+    API_UNREACHABLE = "api-unreachable"
+    """Only from the live proxy (its Kubernetes API watch), never from `plan --snapshot`: the
+    decisions then rest on CRI data alone (plus the API views seen before)."""
 
 
 @dataclass(frozen=True, slots=True)

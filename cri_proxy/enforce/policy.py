@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import MappingProxyType
+
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Topology, decide
+from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.model import NodeState
 
@@ -17,22 +21,28 @@ class Policy:
         reserved: CPUSet,
         system: CPUSet,
         kubelet: KubeletStateFile | None = None,
+        api: KubeApiWatcher | None = None,
     ) -> None:
         self.state = state
         self.topology = topology
         self.reserved = reserved
         self.system = system
         self.kubelet = kubelet
+        self.api = api
         self._facts_version = 0
         self._cached: tuple[tuple[int, int], Plan] | None = None
 
     def facts_changed(self) -> None:
-        """Call after changing topology, reserved/system CPUs or the kubelet state."""
+        """Call after changing topology, reserved/system CPUs, the kubelet state or a source's problem."""
         self._facts_version += 1
 
     def inputs(self) -> NodeInputs:
         kubelet = self.kubelet
-        problems = (kubelet.problem,) if kubelet is not None and kubelet.problem is not None else ()
+        problems = tuple(
+            source.problem
+            for source in (kubelet, self.api)
+            if source is not None and source.problem is not None
+        )
         return NodeInputs(
             topology=self.topology,
             pods=self.state.pod_infos(),
@@ -45,5 +55,18 @@ class Policy:
     def plan(self) -> Plan:
         key = (self.state.generation, self._facts_version)
         if self._cached is None or self._cached[0] != key:
-            self._cached = (key, decide(self.inputs()))
+            self._cached = (key, self._explain(decide(self.inputs())))
         return self._cached[1]
+
+    def _explain(self, plan: Plan) -> Plan:
+        """Say in `why` when a pod's QoS label or allocation came from the Kubernetes API, not CRI."""
+        sourced = self.state.api_sourced()
+        if not sourced:
+            return plan
+        containers = {
+            cid: replace(d, why=f"{d.why} ({sourced[d.pod]} from the Kubernetes API)")
+            if d.pod in sourced
+            else d
+            for cid, d in plan.containers.items()
+        }
+        return Plan(plan.pools, MappingProxyType(containers), plan.problems)

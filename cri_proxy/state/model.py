@@ -4,6 +4,13 @@ One normalised record per pod and per container, whatever the source (a RunPodSa
 CreateContainer request, the runtime's listing after a restart, a checkpoint entry), so the hooks,
 the reconciler and recovery all feed the same rules. All mutation happens through `NodeState`'s
 methods, under one lock, and bumps `generation` so readers can tell something changed.
+
+Besides CRI, the Kubernetes API may say what a pod's QoS label and allocation annotations are now
+(`ApiView`, by pod uid, from `cri_proxy.sources.kube_api`). Only those keys are taken from it, and
+only when the API view is newer than the sandbox: an API view whose values changed after the proxy
+saw the sandbox created wins; a sandbox created after the API view last changed carries the newer
+values itself (kubelet copies them from the same pod), so CRI wins for it. Sandboxes learnt from a
+checkpoint or the runtime's listing predate every API event this process saw: the API view wins.
 """
 
 from __future__ import annotations
@@ -15,6 +22,13 @@ from dataclasses import dataclass, field, replace
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.cpu import ContainerInfo, PodInfo
+from cri_proxy.cpu.keys import ALLOCATION_ANNOTATIONS, QOS_LABEL
+
+API_LABELS: tuple[str, ...] = (QOS_LABEL,)
+"""The labels taken from the Kubernetes API view; every other label comes from CRI."""
+
+API_ANNOTATIONS: tuple[str, ...] = ALLOCATION_ANNOTATIONS
+"""The annotations taken from the Kubernetes API view; every other annotation comes from CRI."""
 
 
 class ContainerState(enum.StrEnum):
@@ -69,6 +83,24 @@ class ContainerRecord:
         return v1.LinuxContainerResources.FromString(self.resources)
 
 
+@dataclass(frozen=True, slots=True)
+class ApiView:
+    """A pod as the Kubernetes API shows it, reduced to `API_LABELS` and `API_ANNOTATIONS`.
+
+    `seq` is the node state's API sequence number when these values were first seen: it orders
+    the view against the sandboxes (see the module docstring).
+    """
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    resource_version: str = ""
+    seq: int = 0
+
+
+def _pick(values: Mapping[str, str], keys: tuple[str, ...]) -> dict[str, str]:
+    return {k: values[k] for k in keys if k in values}
+
+
 def resources_bytes(message: object | None) -> bytes:
     """Any version's LinuxContainerResources (or None) as v1 wire bytes."""
     if message is None:
@@ -88,6 +120,9 @@ class NodeState:
         self._pods: dict[str, PodRecord] = {}
         self._containers: dict[str, ContainerRecord] = {}
         self.generation = 0
+        self._api: dict[str, ApiView] = {}  # pod uid -> what the Kubernetes API says
+        self._api_seq = 0  # bumped when an API view's values change
+        self._born: dict[str, int] = {}  # sandbox id -> `_api_seq` when the proxy saw it created
 
     # -- reading ------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -119,19 +154,88 @@ class NodeState:
             for c in self._containers.values():
                 if c.state in LIVE_STATES:
                     live.setdefault(c.sandbox_id, []).append(ContainerInfo(c.id, c.name))
-            return tuple(
-                PodInfo(
-                    uid=p.uid,
-                    name=p.name,
-                    namespace=p.namespace,
-                    cgroup_parent=p.cgroup_parent,
-                    labels=p.labels,
-                    annotations=p.annotations,
-                    containers=tuple(live.get(p.sandbox_id, ())),
+            infos = []
+            for p in self._pods.values():
+                if not p.ready:
+                    continue
+                labels, annotations = self._effective(p)
+                infos.append(
+                    PodInfo(
+                        uid=p.uid,
+                        name=p.name,
+                        namespace=p.namespace,
+                        cgroup_parent=p.cgroup_parent,
+                        labels=labels,
+                        annotations=annotations,
+                        containers=tuple(live.get(p.sandbox_id, ())),
+                    )
                 )
-                for p in self._pods.values()
-                if p.ready
-            )
+            return tuple(infos)
+
+    # -- the Kubernetes API view ----------------------------------------------------------------
+    def _api_view_for(self, pod: PodRecord) -> ApiView | None:
+        """The API view that wins for this sandbox, if any (caller holds the lock)."""
+        view = self._api.get(pod.uid)
+        if view is None or view.seq <= self._born.get(pod.sandbox_id, 0):
+            return None
+        return view
+
+    def _effective(self, pod: PodRecord) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        view = self._api_view_for(pod)
+        if view is None:
+            return pod.labels, pod.annotations
+        labels = {k: v for k, v in pod.labels.items() if k not in API_LABELS} | dict(view.labels)
+        annotations = {k: v for k, v in pod.annotations.items() if k not in API_ANNOTATIONS}
+        return labels, annotations | dict(view.annotations)
+
+    def api_sourced(self) -> dict[str, str]:
+        """Ready pods (`namespace/name`) whose QoS label or allocation the API view changed: what."""
+        with self._lock:
+            out = {}
+            for p in self._pods.values():
+                view = self._api_view_for(p) if p.ready else None
+                if view is None:
+                    continue
+                what = []
+                if _pick(p.labels, API_LABELS) != view.labels:
+                    what.append("QoS label")
+                if _pick(p.annotations, API_ANNOTATIONS) != view.annotations:
+                    what.append("allocation")
+                if what:
+                    out[p.key] = " and ".join(what)
+            return out
+
+    def api_views(self) -> dict[str, ApiView]:
+        with self._lock:
+            return dict(self._api)
+
+    def set_api_view(
+        self,
+        uid: str,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str],
+        resource_version: str = "",
+    ) -> bool:
+        """What the API says of pod `uid` now (only the API keys are kept); True when they changed."""
+        view_labels, view_annotations = _pick(labels, API_LABELS), _pick(annotations, API_ANNOTATIONS)
+        with self._lock:
+            old = self._api.get(uid)
+            if old is not None and old.labels == view_labels and old.annotations == view_annotations:
+                if old.resource_version != resource_version:
+                    self._api[uid] = replace(old, resource_version=resource_version)
+                return False
+            self._api_seq += 1
+            self._api[uid] = ApiView(view_labels, view_annotations, resource_version, self._api_seq)
+            self._bump()
+            return True
+
+    def forget_api_view(self, uid: str) -> bool:
+        """The pod is gone from the API (or was never there after a re-list): CRI values again."""
+        with self._lock:
+            if self._api.pop(uid, None) is None:
+                return False
+            self._bump()
+            return True
 
     # -- changing -----------------------------------------------------------------------------
     def _bump(self) -> None:
@@ -140,6 +244,8 @@ class NodeState:
     def put_pod(self, pod: PodRecord) -> None:
         with self._lock:
             if self._pods.get(pod.sandbox_id) != pod:
+                if pod.sandbox_id not in self._pods:
+                    self._born[pod.sandbox_id] = self._api_seq
                 self._pods[pod.sandbox_id] = pod
                 self._bump()
 
@@ -163,6 +269,7 @@ class NodeState:
             for c in gone:
                 del self._containers[c.id]
             existed = self._pods.pop(sandbox_id, None) is not None
+            self._born.pop(sandbox_id, None)
             if existed or gone:
                 self._bump()
             return gone
@@ -205,5 +312,6 @@ class NodeState:
         """Recovery: the runtime's view replaces what we had."""
         with self._lock:
             self._pods = {p.sandbox_id: p for p in pods}
+            self._born = {sid: self._born.get(sid, 0) for sid in self._pods}  # new ones: from before us
             self._containers = {c.id: c for c in containers}
             self._bump()
