@@ -1,0 +1,192 @@
+"""Printing as crictl prints: aligned tables, 13-character ids, "5 minutes ago", "1.2MB",
+protobuf's JSON mapping (camelCase keys, every field), the same as YAML, and the merged
+status-and-info documents of `inspect`, `inspectp`, `inspecti`, `info` and `imagefsinfo`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from cri_proxy.ctl.errors import CtlError
+
+TRUNCATED_ID = 13
+_DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})$")
+
+
+def truncate(value: str, prefix: str = "") -> str:
+    """crictl's short ids: without `prefix` (e.g. "sha256:"), 13 characters."""
+    if prefix and value.startswith(prefix):
+        value = value[len(prefix) :]
+    return value[:TRUNCATED_ID]
+
+
+def short_image(image: str) -> str:
+    """An image given as a digest shows as its truncated hex, a name stays a name."""
+    if _DIGEST.match(image):
+        return truncate(image.split(":", 1)[1])
+    return image
+
+
+def human_duration(seconds: float) -> str:
+    """go-units' HumanDuration, which crictl prints followed by " ago"."""
+    secs = int(seconds)
+    if secs < 1:
+        return "Less than a second"
+    if secs == 1:
+        return "1 second"
+    if secs < 60:
+        return f"{secs} seconds"
+    minutes = int(seconds / 60)
+    if minutes == 1:
+        return "About a minute"
+    if minutes < 60:
+        return f"{minutes} minutes"
+    hours = int(seconds / 3600 + 0.5)
+    if hours == 1:
+        return "About an hour"
+    if hours < 48:
+        return f"{hours} hours"
+    if hours < 24 * 7 * 2:
+        return f"{hours // 24} days"
+    if hours < 24 * 30 * 2:
+        return f"{hours // 24 // 7} weeks"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24 // 30} months"
+    return f"{int(seconds / 3600) // 24 // 365} years"
+
+
+def ago(timestamp_ns: int, now_ns: int | None = None) -> str:
+    now = time.time_ns() if now_ns is None else now_ns
+    return human_duration(max(0, now - timestamp_ns) / 1e9) + " ago"
+
+
+def human_size(size: float, precision: int = 3) -> str:
+    """go-units' HumanSizeWithPrecision: decimal units, `%.<precision>g`, no space ("1.2MB")."""
+    units = ("B", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB")
+    i = 0
+    while size >= 1000.0 and i < len(units) - 1:
+        size /= 1000.0
+        i += 1
+    return f"{size:.{precision}g}{units[i]}"
+
+
+def rfc3339nano(timestamp_ns: int) -> str:
+    """Go's time.Unix(0, ns).Format(time.RFC3339Nano), in the local time zone."""
+    secs, nanos = divmod(timestamp_ns, 1_000_000_000)
+    moment = dt.datetime.fromtimestamp(secs, dt.UTC).astimezone()
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    if nanos:
+        text += "." + f"{nanos:09d}".rstrip("0")
+    offset = moment.utcoffset()
+    if not offset:
+        return text + "Z"
+    total = int(offset.total_seconds())
+    sign = "+" if total >= 0 else "-"
+    hours, minutes = divmod(abs(total) // 60, 60)
+    return f"{text}{sign}{hours:02d}:{minutes:02d}"
+
+
+def table(rows: Sequence[Sequence[str]], minwidth: int = 20, padding: int = 3) -> str:
+    """Go's tabwriter as crictl sets it up: every column but the last at least `minwidth` wide,
+    cells padded by `padding` spaces; the last column is not padded."""
+    if not rows:
+        return ""
+    columns = max(len(r) for r in rows)
+    widths = [
+        max([minwidth] + [len(r[i]) + padding for r in rows if i < len(r) - 1]) for i in range(columns - 1)
+    ]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
+        lines.append("".join(cells))
+    return "\n".join(lines)
+
+
+def plain_table(heads: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """The proxy's own tables (`cpusets`, `pools`, `problems`): columns two spaces apart."""
+    body = [list(r) for r in rows]
+    widths = [max([len(h)] + [len(line[i]) for line in body]) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in body]
+    return "\n".join(lines)
+
+
+def message_json(message: Message) -> str:
+    """crictl's protobufObjectToJSON: the JSON mapping, every field, indented by two spaces."""
+    return json_format.MessageToJson(
+        message, indent=2, always_print_fields_with_no_presence=True, ensure_ascii=False
+    )
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(message_json(message))
+    return data
+
+
+def to_yaml(data: Any) -> str:
+    import yaml
+
+    text: str = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True)
+    return text
+
+
+def message_output(message: Message, fmt: str) -> str:
+    """`-o json` / `-o yaml` of a list command: the CRI response itself."""
+    if fmt == "json":
+        return message_json(message)
+    if fmt == "yaml":
+        return to_yaml(message_dict(message)).rstrip("\n")
+    raise CtlError(f"unsupported output format {fmt!r}")
+
+
+def status_document(
+    status: Mapping[str, Any] | None, info: Mapping[str, str], extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """crictl's status-and-info document: {"status": ..., <each info key>: parsed JSON or text}."""
+    doc: dict[str, Any] = {}
+    if status is not None:
+        doc["status"] = dict(status)
+    for key, value in (extra or {}).items():
+        if value:
+            doc[key] = value
+    for key in sorted(info):
+        value = info[key]
+        if value.startswith("{"):
+            try:
+                doc[key] = json.loads(value)
+            except ValueError:
+                raise CtlError(f"the runtime's info[{key!r}] is not valid JSON") from None
+        else:
+            doc[key] = value.strip('"')
+    return doc
+
+
+def documents_output(docs: Sequence[dict[str, Any]], fmt: str) -> str:
+    """One document alone, several as a list; keys sorted at every level, as crictl's are."""
+    data: Any = docs[0] if len(docs) == 1 else list(docs)
+    if fmt == "json":
+        return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+    if fmt == "yaml":
+        return to_yaml(data).rstrip("\n")
+    raise CtlError(f"unsupported output format {fmt!r}")
+
+
+def with_null_fields(data: dict[str, Any], message: Message) -> dict[str, Any]:
+    """Unset message fields show as null at the top level, as in crictl's inspect output."""
+    for field in message.DESCRIPTOR.fields:
+        data.setdefault(field.json_name, None)
+    return data
+
+
+def labels_block(title: str, values: Mapping[str, str]) -> list[str]:
+    if not values:
+        return []
+    return [f"{title}:"] + [f"\t{k} -> {values[k]}" for k in sorted(values)]

@@ -1,0 +1,192 @@
+"""`cri-proxy ctl` against the real containerd, through the session's `serve --dry-run` proxy.
+
+Pods and containers are made from crictl-style config files (JSON and YAML, host network, as
+kube.py builds them); then the listing, inspect, exec, logs, update (seen in the cgroup file),
+the generic `call` of each service, `--bypass`, and the removal commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ProxyProcess
+from containerd import PrivateContainerd, read_container_cpuset
+
+pytestmark = pytest.mark.e2e
+
+CLI = str(Path(sys.executable).parent / "cri-proxy")
+IMAGE = "localhost/busybox:latest"
+NODE, CONTAINER, POD = 2, 1, 0  # NamespaceMode numbers, as crictl's example files write them
+
+
+def _env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CONTAINER_RUNTIME_ENDPOINT", "IMAGE_SERVICE_ENDPOINT")
+    }
+    env["CRI_CONFIG_FILE"] = "/dev/null"  # never the machine's /etc/crictl.yaml
+    return env
+
+
+def ctl(proxy: ProxyProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [CLI, "ctl", "-r", proxy.address, "-t", "30s", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=_env(),
+    )
+    if check:
+        assert out.returncode == 0, f"ctl {' '.join(args)}: exit {out.returncode}: {out.stderr}"
+    return out
+
+
+class Files:
+    """crictl-style config files for one host-network besteffort pod and its container."""
+
+    def __init__(self, tmp: Path, containerd: PrivateContainerd, name: str) -> None:
+        self.uid = str(uuid.uuid4())
+        self.name = name
+        self.cgroup_parent = f"/kubepods/besteffort/pod{self.uid}"
+        self.log_directory = containerd.pod_log_dir / f"ctl_{name}_{self.uid}"
+        namespaces = {"namespace_options": {"network": NODE, "pid": CONTAINER, "ipc": POD}}
+        self.pod: dict[str, Any] = {
+            "metadata": {"name": name, "namespace": "ctl", "uid": self.uid, "attempt": 0},
+            "log_directory": str(self.log_directory),
+            "labels": {
+                "io.kubernetes.pod.name": name,
+                "io.kubernetes.pod.namespace": "ctl",
+                "io.kubernetes.pod.uid": self.uid,
+            },
+            "linux": {"cgroup_parent": self.cgroup_parent, "security_context": namespaces},
+        }
+        self.container: dict[str, Any] = {
+            "metadata": {"name": "app", "attempt": 0},
+            "image": {"image": IMAGE},
+            "command": ["sh", "-c", f"echo hello from {name}; exec sleep 3600"],
+            "log_path": "app/0.log",
+            "labels": {
+                "io.kubernetes.pod.name": name,
+                "io.kubernetes.pod.namespace": "ctl",
+                "io.kubernetes.pod.uid": self.uid,
+                "io.kubernetes.container.name": "app",
+            },
+            "linux": {
+                "resources": {"cpu_period": 100000, "cpu_shares": 2, "oom_score_adj": 1000},
+                "security_context": namespaces,
+            },
+        }
+        self.pod_file = tmp / f"{name}-pod.json"
+        self.pod_file.write_text(json.dumps(self.pod, indent=2))
+        self.container_file = tmp / f"{name}-container.yaml"
+        self.container_file.write_text(yaml.safe_dump(self.container))
+
+
+def _run_pod(proxy: ProxyProcess, files: Files) -> tuple[str, str]:
+    pod = ctl(proxy, "runp", str(files.pod_file)).stdout.strip()
+    cid = ctl(proxy, "create", pod[:12], str(files.container_file), str(files.pod_file)).stdout.strip()
+    assert ctl(proxy, "start", cid).stdout.strip() == cid
+    return pod, cid
+
+
+def test_lifecycle_from_config_files(
+    containerd: PrivateContainerd, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    files = Files(tmp_path, containerd, "lifecycle")
+    pod, cid = _run_pod(proxy, files)
+
+    assert cid in ctl(proxy, "ps", "-q").stdout.split()
+    assert pod in ctl(proxy, "pods", "-q").stdout.split()
+    assert ctl(proxy, "pods", "-q", "--name", "^lifecycle$", "--namespace", "^ctl$").stdout.split() == [pod]
+    assert ctl(proxy, "ps", "-q", "--pod", pod[:8]).stdout.split() == [cid]
+    table = ctl(proxy, "ps", "--pod", pod).stdout.splitlines()
+    assert table[1].startswith(cid[:13]) and "Running" in table[1] and "lifecycle" in table[1]
+
+    doc = json.loads(ctl(proxy, "inspect", cid[:10]).stdout)
+    status = doc["status"]
+    assert status["id"] == cid and status["state"] == "CONTAINER_RUNNING"
+    assert status["metadata"]["name"] == "app" and status["logPath"].startswith(str(files.log_directory))
+    assert "info" in doc and doc["info"]["sandboxID"] == pod  # containerd's verbose info, parsed
+    stats = json.loads(ctl(proxy, "stats", "-o", "json", cid[:12]).stdout)
+    assert [st["attributes"]["id"] for st in stats["stats"]] == [cid]
+    pod_doc = json.loads(ctl(proxy, "inspectp", pod).stdout)
+    assert pod_doc["status"]["linux"]["namespaces"]["options"]["network"] == "NODE"
+
+    out = ctl(proxy, "exec", "--sync", cid, "sh", "-c", "echo out; echo err >&2; exit 3", check=False)
+    assert (out.returncode, out.stdout, out.stderr) == (3, "out\n", "err\n")
+    assert ctl(proxy, "exec", "-s", cid[:12], "cat", "/proc/self/cgroup").returncode == 0
+
+    deadline = time.monotonic() + 15
+    while (
+        "hello from lifecycle" not in (logs := ctl(proxy, "logs", cid).stdout) and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert logs == "hello from lifecycle\n"
+    stamped = ctl(proxy, "logs", "--timestamps", "--tail", "1", cid).stdout
+    assert stamped.endswith(" hello from lifecycle\n") and stamped[:4].isdigit()
+
+    assert ctl(proxy, "stop", cid).stdout.strip() == cid
+    assert json.loads(ctl(proxy, "inspect", cid).stdout)["status"]["state"] == "CONTAINER_EXITED"
+    assert cid not in ctl(proxy, "ps", "-q").stdout and cid in ctl(proxy, "ps", "-a", "-q").stdout
+    assert ctl(proxy, "rm", cid).stdout.strip() == cid
+    assert cid not in ctl(proxy, "ps", "-a", "-q").stdout
+    assert ctl(proxy, "stopp", pod).stdout.strip() == f"Stopped sandbox {pod}"
+    assert ctl(proxy, "rmp", pod).stdout.strip() == f"Removed sandbox {pod}"
+    assert pod not in ctl(proxy, "pods", "-q").stdout
+    out = ctl(proxy, "inspectp", pod, check=False)
+    assert out.returncode == 1 and "not found" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_update_cpuset_reaches_the_cgroup(
+    containerd: PrivateContainerd, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    files = Files(tmp_path, containerd, "update")
+    pod, cid = _run_pod(proxy, files)
+    assert ctl(proxy, "update", "--cpuset-cpus", "0", cid[:12]).stdout.strip() == cid[:12]
+    assert read_container_cpuset(files.cgroup_parent, cid) == "0"  # dry-run: the proxy left it alone
+    linux = json.loads(ctl(proxy, "inspect", cid).stdout)["status"]["resources"]["linux"]
+    assert linux["cpusetCpus"] == "0"
+    out = ctl(proxy, "rmp", "--force", pod)
+    assert out.stdout.splitlines() == [f"Stopped sandbox {pod}", f"Removed sandbox {pod}"]
+
+
+def test_call_each_service_and_bypass(
+    containerd: PrivateContainerd, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    version = json.loads(ctl(proxy, "call", "RuntimeService/Version", "{}").stdout)
+    assert version["runtimeName"] == "containerd" and version["runtimeApiVersion"] == "v1"
+    image = json.loads(
+        ctl(
+            proxy, "call", "runtime.v1.ImageService/ImageStatus", json.dumps({"image": {"image": IMAGE}})
+        ).stdout
+    )
+    assert IMAGE in image["image"]["repoTags"]
+    old = json.loads(ctl(proxy, "call", "--api", "v1alpha2", "ImageService/ListImages").stdout)
+    assert any(IMAGE in i.get("repoTags", []) for i in old["images"])
+    assert IMAGE.split(":")[0] in ctl(proxy, "images").stdout
+    info = json.loads(ctl(proxy, "info").stdout)
+    assert {c["type"] for c in info["status"]["conditions"]} >= {"RuntimeReady"} and "config" in info
+    assert json.loads(ctl(proxy, "inspecti", IMAGE).stdout)["status"]["repoTags"] == [IMAGE]
+    assert "imageFilesystems" in json.loads(ctl(proxy, "imagefsinfo").stdout)["status"]
+
+    config = tmp_path / "proxy.toml"
+    config.write_text(f'runtime_endpoint = "{containerd.address}"\n')
+    out = subprocess.run(
+        [CLI, "ctl", "--bypass", "--proxy-config", str(config), "version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "CONTAINER_RUNTIME_ENDPOINT": f"unix://{tmp_path}/no-proxy.sock"},
+        check=True,
+    )
+    assert "RuntimeName:  containerd" in out.stdout
