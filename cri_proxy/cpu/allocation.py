@@ -6,6 +6,7 @@ type makes the whole annotation bad (`AllocationError`), so a half-understood an
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,8 +61,37 @@ def _entry_nodes(obj: Mapping[str, object], key: str) -> set[int]:
     return nodes
 
 
+MAX_ANNOTATION_CHARS = 256 * 1024
+"""Kubernetes' limit for all of a pod's annotations together: a longer value never came from the API."""
+_CACHED_CHARS = 4096  # real values are a few hundred characters; bounds what the cache holds
+
+
 def parse_allocation(text: str) -> Allocation:
-    """Parse one annotation value; raises `AllocationError` saying what is wrong."""
+    """Parse one annotation value; raises `AllocationError` saying what is wrong.
+
+    Every plan parses every pod's annotation again, so short values are parsed once and cached.
+    """
+    if len(text) > MAX_ANNOTATION_CHARS:
+        raise AllocationError(f"{len(text)} characters, more than Kubernetes allows ({MAX_ANNOTATION_CHARS})")
+    result = _parse_cached(text) if len(text) <= _CACHED_CHARS else _parse_or_error(text)
+    if isinstance(result, str):
+        raise AllocationError(result)  # a new exception each time: a cached one would grow its traceback
+    return result
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> Allocation | str:
+    return _parse_or_error(text)
+
+
+def _parse_or_error(text: str) -> Allocation | str:
+    try:
+        return _parse(text)
+    except AllocationError as e:
+        return str(e)
+
+
+def _parse(text: str) -> Allocation:
     try:
         obj = json.loads(text)
     except (ValueError, TypeError, RecursionError) as e:

@@ -71,12 +71,21 @@ class _Rule:
     notes: _Notes = ()
 
 
+_MAX_IDS = 8  # ids named in a `why`: an annotation may list 100k node ids, the text stays one line
+
+
+def _ids_text(ids: frozenset[int]) -> str:
+    ordered = sorted(ids)
+    text = ",".join(map(str, ordered[:_MAX_IDS]))
+    return text if len(ordered) <= _MAX_IDS else f"{text},... ({len(ordered)} ids)"
+
+
 def _cpus_text(nodes: frozenset[int], sockets: frozenset[int]) -> str:
     parts = []
     if nodes:
-        parts.append("NUMA node " + ",".join(map(str, sorted(nodes))))
+        parts.append("NUMA node " + _ids_text(nodes))
     if sockets:
-        parts.append("socket " + ",".join(map(str, sorted(sockets))))
+        parts.append("socket " + _ids_text(sockets))
     return " / ".join(parts)
 
 

@@ -76,6 +76,8 @@ class EnforceHooks:
         self.exclusive_wait = exclusive_wait
         self.injected: dict[str, int] = {}  # QoS -> count, for metrics and tests
         self.exclusive_timeouts = 0
+        # sandboxes first seen in a CreateContainer's sandbox_config, until the runtime confirms them
+        self._learned: set[str] = set()
 
     def register(self, table: HookTable) -> None:
         table.register("RunPodSandbox", post=self.run_pod_sandbox)
@@ -104,6 +106,7 @@ class EnforceHooks:
 
     async def pod_removed(self, request: Message, response: Message, info: MethodInfo) -> None:
         self.state.remove_pod(request.pod_sandbox_id)  # type: ignore[attr-defined]
+        self._learned.discard(request.pod_sandbox_id)  # type: ignore[attr-defined]
         self.reconciler.request()
 
     # -- containers ---------------------------------------------------------------------------
@@ -116,6 +119,7 @@ class EnforceHooks:
         if pod is None and req.HasField("sandbox_config"):  # a sandbox from before we were watching
             pod = pod_record(req.pod_sandbox_id, req.sandbox_config, info.version)
             self.state.put_pod(pod)
+            self._learned.add(pod.sandbox_id)
         if pod is None:
             logger.warning(
                 "CreateContainer for unknown sandbox {}: forwarded unchanged", req.pod_sandbox_id[:13]
@@ -192,6 +196,7 @@ class EnforceHooks:
         req: Any = request
         pid = pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
         cid = response.container_id  # type: ignore[attr-defined]
+        self._learned.discard(req.pod_sandbox_id)
         self.state.rename_container(pid, cid)
         self.state.update_container(
             cid,
@@ -202,9 +207,14 @@ class EnforceHooks:
 
     async def create_failed(self, request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
         req: Any = request
-        self.state.remove_container(
-            pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
-        )
+        sid = req.pod_sandbox_id
+        self.state.remove_container(pending_id(sid, req.config.metadata.name, req.config.metadata.attempt))
+        if sid in self._learned:
+            self._learned.discard(sid)
+            if code is grpc.StatusCode.NOT_FOUND and not any(self.state.containers_of(sid)):
+                # learnt from this very call and the runtime has no such sandbox (removed meanwhile):
+                # forget it, or its exclusive CPUs would stay carved out of the pools
+                self.state.remove_pod(sid)
         self.reconciler.request()  # roll back: pools widen again if this was exclusive
 
     async def update_resources(self, request: Message, info: MethodInfo) -> Message:
