@@ -25,6 +25,10 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-def dump(message: Message) -> str:
-    """The message as one line of JSON, `envs` values replaced by <redacted>."""
-    return json.dumps(_scrub(MessageToDict(message, preserving_proto_field_name=True)), sort_keys=True)
+MAX_DUMP_CHARS = 8192  # a 1 MiB annotation must not become a 1 MiB log line
+
+
+def dump(message: Message, limit: int = MAX_DUMP_CHARS) -> str:
+    """The message as one line of JSON, `envs` values replaced by <redacted>, cut at `limit`."""
+    text = json.dumps(_scrub(MessageToDict(message, preserving_proto_field_name=True)), sort_keys=True)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
