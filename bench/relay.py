@@ -140,6 +140,9 @@ def main() -> None:
     )
     parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd")
     parser.add_argument("-n", type=int, default=1000, help="samples per path for tiny calls")
+    parser.add_argument(
+        "--relay-mode", choices=("grpc", "frames"), default=None, help="passed to `cri-proxy serve`"
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="cri-bench-"))
@@ -178,13 +181,15 @@ def main() -> None:
                 runtime_address,
                 "--log-level",
                 "WARNING",
+                *(["--relay-mode", args.relay_mode] if args.relay_mode else []),
             ]
         )
         procs.append(proxy_proc)
         wait_socket(proxy_sock, proxy_proc)
         direct, proxy = Target(runtime_address), Target(f"unix://{proxy_sock}")
         print(
-            f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}; "
+            f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}"
+            f" (relay mode {args.relay_mode or 'default'}); "
             f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs",
             flush=True,
         )

@@ -17,7 +17,8 @@ from loguru import logger
 
 from cri_proxy.config import Config
 from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, socket_path
-from cri_proxy.errors import EndpointError
+from cri_proxy.errors import ConfigError, EndpointError
+from cri_proxy.relay.fastpath import FrameRelay, bind_unix
 from cri_proxy.relay.forward import FailPolicy, Forwarder
 from cri_proxy.relay.hooks import HookTable
 
@@ -64,10 +65,37 @@ class Relay:
         self._socket = socket_path(config.listen)
         self._bound = False  # only a socket we bound is ours to remove
         self._stopped = asyncio.Event()
+        # relay_mode "frames": HTTP/2 frames relayed per connection (fastpath.py) instead of self.server
+        self.frames: FrameRelay | None = None
+        if config.relay_mode == "frames":
+            if extra_handlers:
+                raise ConfigError(
+                    "relay_mode 'frames' cannot serve cri-proxy's own gRPC services "
+                    "(introspection, health) on the same socket; use relay_mode 'grpc'"
+                )
+            if self._socket is None:
+                raise EndpointError(f"relay_mode 'frames' needs a unix:// listen endpoint: {config.listen!r}")
+            # fail policy and metrics observer are read from the forwarder, where serve.py sets them
+            self.frames = FrameRelay(
+                config, hooks, lambda: self.forwarder.fail_policy, lambda: self.forwarder.observer
+            )
 
     async def start(self) -> None:
+        if self.frames is not None and self._socket is not None:  # relay_mode "frames"
+            prepare_listen_socket(self._socket, self.config.allow_world_writable_socket_dir)
+            old = os.umask(0o117)
+            try:
+                sock = bind_unix(str(self._socket))
+                self._bound = True
+            finally:
+                os.umask(old)
+            self._secure_socket(self._socket)
+            await self.frames.start(sock)
+            config = self.config
+            logger.info("cri-proxy relaying frames on {} -> {}", config.listen, config.runtime_endpoint)
+            return
         if self._socket is not None:
-            prepare_listen_socket(self._socket)
+            prepare_listen_socket(self._socket, self.config.allow_world_writable_socket_dir)
             old = os.umask(0o117)  # the socket is born 0660: no moment where others may connect
             try:
                 self._bind()
@@ -103,7 +131,10 @@ class Relay:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        await self.server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        if self.frames is not None:  # relay_mode "frames"
+            await self.frames.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        else:
+            await self.server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
         await self.channel.close(None)
         if self._socket is not None and self._bound:
             remove_socket(self._socket)

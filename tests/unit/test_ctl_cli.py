@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,24 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import wait_for_socket as _wait_for_socket
+
 CLI = str(Path(sys.executable).parent / "cri-proxy")
 DEFAULT_PROXY = "unix:///run/cri-proxy/cri-proxy.sock"
-
-
-def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited early: {proc.communicate()}")
-        if path.exists():
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(path))
-                return
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never answered")
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
+from tests.processes import wait_until as _wait
 from tests.unit.enforce_support import fake_sysfs
 
 CLI = str(Path(sys.executable).parent / "cri-proxy")
@@ -28,15 +28,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wait(predicate: object, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Daemon:

@@ -11,19 +11,11 @@ from pathlib import Path
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
+from tests.processes import wait_until as _wait
 from tests.unit.enforce_support import fake_sysfs
 
 CLI = str(Path(sys.executable).parent / "cri-proxy")
 ALLOC = "scheduling.koordinator.sh/resource-status"
-
-
-def _wait(predicate: object, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _serve(tmp: Path, runtime: Path, state_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import grpc
@@ -12,6 +13,15 @@ import pytest
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.relay.methods import KNOWN, Shape
 from tests.unit.relay_support import bed, raw_server, run
+
+
+@pytest.fixture(autouse=True, params=["grpc", "frames"])
+def relay_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs against both relays: this module's `bed` gets the relay_mode."""
+    from tests.unit import relay_support
+
+    monkeypatch.setitem(globals(), "bed", functools.partial(relay_support.bed, relay_mode=request.param))
+    return str(request.param)
 
 
 class Echo(grpc.GenericRpcHandler):

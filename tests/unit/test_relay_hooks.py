@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import grpc
@@ -14,6 +15,15 @@ from cri_api.v1alpha2 import api_pb2 as v1alpha2
 from cri_proxy.relay.hooks import HookError, HookTable
 from cri_proxy.relay.methods import MethodInfo
 from tests.unit.relay_support import bed, run
+
+
+@pytest.fixture(autouse=True, params=["grpc", "frames"])
+def relay_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs against both relays: this module's `bed` gets the relay_mode."""
+    from tests.unit import relay_support
+
+    monkeypatch.setitem(globals(), "bed", functools.partial(relay_support.bed, relay_mode=request.param))
+    return str(request.param)
 
 UNKNOWN_FIELD = b"\xf8\x07\x2a"  # field 127, varint 42: a field from a newer kubelet
 

@@ -18,24 +18,9 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
+from tests.processes import wait_for_socket as _wait_for_socket
 
 CLI = str(Path(sys.executable).parent / "cri-proxy")
-
-
-def _wait_for_socket(path: Path, proc: subprocess.Popen[str], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited early: {proc.communicate()}")
-        if path.exists():
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(path))
-                return
-            except OSError:
-                pass
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never answered")
 
 
 def _start(args: list[str]) -> subprocess.Popen[str]:
