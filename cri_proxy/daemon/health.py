@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any
 
 import grpc
+
+from cri_proxy.relay.forward import GenericHandler, Handler
 
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
 SERVICE = "grpc.health.v1.Health"
@@ -24,13 +26,6 @@ KNOWN_SERVICES = frozenset(
         "runtime.v1alpha2.ImageService",
     }
 )
-
-if TYPE_CHECKING:
-    _Base: TypeAlias = grpc.GenericRpcHandler[bytes, bytes]
-    _Handler: TypeAlias = grpc.RpcMethodHandler[bytes, bytes]
-else:
-    _Base = grpc.GenericRpcHandler
-    _Handler = grpc.RpcMethodHandler
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -72,13 +67,13 @@ def _reply(status: int) -> bytes:
     return bytes([0x08, status])
 
 
-class HealthService(_Base):
+class HealthService(GenericHandler):
     """Check and Watch; `healthy()` says whether the runtime behind the proxy answers."""
 
     def __init__(self, healthy: Callable[[], bool], poll_seconds: float = 1.0) -> None:
         self.healthy = healthy
         self.poll_seconds = poll_seconds
-        self._handlers: dict[str, _Handler] = {
+        self._handlers: dict[str, Handler] = {
             f"/{SERVICE}/Check": grpc.unary_unary_rpc_method_handler(self._check),
             f"/{SERVICE}/Watch": grpc.unary_stream_rpc_method_handler(self._watch),
         }
@@ -108,5 +103,5 @@ class HealthService(_Base):
                 yield _reply(status)
             await asyncio.sleep(self.poll_seconds)
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> _Handler | None:
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
         return self._handlers.get(handler_call_details.method)

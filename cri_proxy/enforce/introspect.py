@@ -9,23 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any
 
 import grpc
 
 from cri_proxy.cpu import inputs_to_snapshot, plan_to_json
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
+from cri_proxy.relay.forward import GenericHandler, Handler
 from cri_proxy.state.model import NodeState
 
 SERVICE = "cri_proxy.v1.Introspect"
-
-if TYPE_CHECKING:
-    _Base: TypeAlias = grpc.GenericRpcHandler[bytes, bytes]
-    _Handler: TypeAlias = grpc.RpcMethodHandler[bytes, bytes]
-else:
-    _Base = grpc.GenericRpcHandler
-    _Handler = grpc.RpcMethodHandler
 
 
 def cpusets_view(state: NodeState, policy: Policy) -> list[dict[str, Any]]:
@@ -53,7 +47,7 @@ def cpusets_view(state: NodeState, policy: Policy) -> list[dict[str, Any]]:
     return rows
 
 
-class Introspection(_Base):
+class Introspection(GenericHandler):
     def __init__(self, state: NodeState, policy: Policy, reconciler: Reconciler | None = None) -> None:
         self.reconciler = reconciler
         views: dict[str, Callable[[], Any]] = {
@@ -66,7 +60,7 @@ class Introspection(_Base):
                 "reconcile": vars(self.reconciler.totals) if self.reconciler is not None else None,
             },
         }
-        self._handlers: dict[str, _Handler] = {
+        self._handlers: dict[str, Handler] = {
             f"/{SERVICE}/{name}": grpc.unary_unary_rpc_method_handler(self._behaviour(view))
             for name, view in views.items()
         }
@@ -78,5 +72,5 @@ class Introspection(_Base):
 
         return behaviour
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> _Handler | None:
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:
         return self._handlers.get(handler_call_details.method)

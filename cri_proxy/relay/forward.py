@@ -26,11 +26,11 @@ from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
 if TYPE_CHECKING:  # grpc's classes are generic only in the stubs
     Context: TypeAlias = grpc.aio.ServicerContext[bytes, bytes]
     Handler: TypeAlias = grpc.RpcMethodHandler[bytes, bytes]
-    _GenericHandler: TypeAlias = grpc.GenericRpcHandler[bytes, bytes]
+    GenericHandler: TypeAlias = grpc.GenericRpcHandler[bytes, bytes]
 else:
     Context = grpc.aio.ServicerContext
     Handler = grpc.RpcMethodHandler
-    _GenericHandler = grpc.GenericRpcHandler
+    GenericHandler = grpc.GenericRpcHandler
 Metadata = Sequence[tuple[str, str | bytes]]
 
 # Metadata the gRPC stack owns: never copied from one side of the relay to the other.
@@ -98,7 +98,7 @@ def _forwardable(metadata: Any) -> tuple[tuple[str, str | bytes], ...] | None:
     return kept or None
 
 
-class Forwarder(_GenericHandler):
+class Forwarder(GenericHandler):
     """Answers every method path with a handler that relays it to `channel`."""
 
     def __init__(
