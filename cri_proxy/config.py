@@ -31,7 +31,7 @@ class Config:
     max_send_message_bytes: int = 16 * MIB
     shutdown_grace_seconds: float = 10.0
     fail_policy: str = "ignore"
-    relay_mode: str = "grpc"  # "grpc" (grpc.aio relay) or "frames" (HTTP/2 frame relay, fastpath.py)
+    relay_mode: str = "frames"  # "frames" (HTTP/2 frame relay, fastpath.py) or "grpc" (grpc.aio relay)
     log_level: str = "INFO"
     socket_group: str = ""
     allow_world_writable_socket_dir: bool = False

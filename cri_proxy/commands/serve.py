@@ -36,7 +36,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--relay-mode",
         choices=("grpc", "frames"),
-        help="relay gRPC calls (grpc, default) or HTTP/2 frames per connection (frames, faster)",
+        help="relay HTTP/2 frames per connection (frames, default, faster; unix sockets only) "
+        "or gRPC calls through grpc.aio (grpc)",
     )
     p.add_argument("--log-level", help="TRACE, DEBUG, INFO (default), WARNING, ERROR")
     p.add_argument(

@@ -7,6 +7,15 @@ block (HPACK, to keep its decoder in sync) to learn each stream's `:path`; a str
 has hooks has its request DATA held until END_STREAM, decoded, passed to the pre hook and sent on
 re-encoded, within the runtime's flow-control windows. The relay's own frames (rewritten DATA,
 refusals, WINDOW_UPDATE corrections) never touch either side's HPACK dynamic table.
+
+When the proxy serves gRPC services of its own (introspection, health) on the same socket, a
+connection is routed by its first request: the relay sends an empty SETTINGS frame (gRPC clients
+wait for the server's preface before their first request; an empty one changes nothing, and the
+client's ACK of it is kept from the server), reads the client's frames up to the first complete
+header block, decodes its `:path` (with a decoder of its own, so the
+connection's decoder later sees those bytes exactly once), and then connects the client either to
+the runtime (the frame relay above, the buffered bytes replayed into it) or to the proxy's internal
+grpc.aio server (a plain byte pipe; that server also forwards CRI calls, as relay_mode "grpc" does).
 """
 
 from __future__ import annotations
@@ -14,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, TypeAlias, cast
@@ -47,11 +57,23 @@ _UNREACHABLE_LINGER = 0.2  # seconds a stand-in connection stays after answering
 _UNREACHABLE_LIFETIME = 2.0  # ... and at most, so an idle client reconnects (and retries the runtime)
 _WRITE_BUFFER_HIGH = 1 << 20
 _HEADER_LIST_LIMIT = 1 << 30  # the peers enforce their own limits; ours must never be the tighter one
+_FIRST_REQUEST_TIMEOUT = 10.0  # seconds a new connection may take to send its first request
+_SNIFF_LIMIT = 1 << 20  # client bytes read at most while looking for the first request's :path
+_STICKY_SECONDS = 30.0  # a process told to retry elsewhere has its new connections piped for this long
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 # what the parse loops do with a frame
 _PASS = 0  # forward unchanged
 _SKIP = 1  # consumed (held, dropped, or replaced): not forwarded
 _DONE = 2  # already written by the handler, together with the frames before it
+
+
+@dataclass(slots=True, eq=False)
+class InternalRoute:
+    """Where connections whose first request is for one of the proxy's own services go."""
+
+    owns: Callable[[str], bool]  # a request path the internal server answers itself
+    path: str = ""  # its Unix socket, set when it is bound
 
 
 @dataclass(slots=True, eq=False)
@@ -97,6 +119,7 @@ class FrameRelay:
         hooks: HookTable | None = None,
         fail_policy: Callable[[], FailPolicy] | None = None,
         observer: Callable[[], CallObserver | None] | None = None,
+        internal: InternalRoute | None = None,
     ) -> None:
         runtime = socket_path(config.runtime_endpoint)
         if runtime is None:
@@ -111,6 +134,12 @@ class FrameRelay:
         self.observer = observer or (lambda: None)  # metrics, as the grpc relay's `_measured` records
         self.message_limit = min(config.max_recv_message_bytes, config.max_send_message_bytes)
         self.links: set[Link] = set()
+        self.internal = internal
+        # connections by where they went: "runtime" (frames relayed) or "internal" (byte pipe)
+        # (and "moved": relayed connections told to retry a call for our own services elsewhere)
+        self.routed: dict[str, int] = {"runtime": 0, "internal": 0, "moved": 0}
+        # client pid -> until when its new connections go to the internal server (see Link._move)
+        self.sticky: dict[int, float] = {}
         self._server: asyncio.AbstractServer | None = None
 
     @property
@@ -128,16 +157,29 @@ class FrameRelay:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: Link(self), sock=sock)
 
-    async def stop(self, grace: float) -> None:
-        """Stop accepting; GOAWAY every client; wait up to `grace` for open calls; close the rest."""
+    async def stop(
+        self, grace: float, internal_stop: Callable[[float], Awaitable[None]] | None = None
+    ) -> None:
+        """Stop accepting; GOAWAY every client; wait up to `grace` for open calls; close the rest.
+
+        `internal_stop(grace)` stops the internal server meanwhile: it sends its own GOAWAY through
+        the piped connections and waits for their calls; they are closed once it is done.
+        """
         loop = asyncio.get_running_loop()
         if self._server is not None:
             self._server.close()
         for link in list(self.links):
             link.go_away()
         deadline = loop.time() + grace
-        while any(link.busy() for link in self.links) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+
+        async def relayed() -> None:
+            while any(link.busy() for link in self.links) and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+
+        if internal_stop is not None:
+            await asyncio.gather(relayed(), internal_stop(grace))
+        else:
+            await relayed()
         for link in list(self.links):
             link.close()
         if self._server is not None:
@@ -214,6 +256,15 @@ class Link(asyncio.Protocol):
         self.credit: dict[int, int] = {}  # stream (0: connection) -> WINDOW_UPDATE owed to the client
         self.tasks: set[asyncio.Task[None]] = set()
         self.goaway_forwarded = False  # the runtime's GOAWAY went to the client: send none of ours
+        # routing by the first request (only when the relay has an internal server)
+        self.sniff: bytearray | None = None  # client bytes while its first request is awaited
+        self.s_off = 0  # how far `sniff` has been parsed
+        self.s_frags: list[bytes] = []  # the first header block so far
+        self.timer: asyncio.TimerHandle | None = None
+        self.piped = False  # connected to the internal server: bytes pass both ways unparsed
+        self.ack_owed = False  # the client's ACK of our own SETTINGS is still to be taken out
+        self.moving = False  # a request for our own services came: GOAWAY sent, new streams refused
+        self.pid: int | None = None  # the client's process
 
     # -- connection life ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -221,12 +272,152 @@ class Link(asyncio.Protocol):
         self.client.set_write_buffer_limits(high=_WRITE_BUFFER_HIGH)
         self.relay.links.add(self)
         self.observer = self.relay.observer()
-        if len(self.relay.hooks) or self.observer is not None:
+        if len(self.relay.hooks) or self.observer is not None or self.relay.internal is not None:
             self.c_dec = _decoder()
         if self.relay.watch_responses() or self.observer is not None:
             self.r_dec = _decoder()
-        self._spawn(self._connect())
+        self.pid = _peer_pid(self.client)
+        internal = self.relay.internal
+        if internal is None:
+            self.relay.routed["runtime"] += 1
+            self._spawn(self._connect())
+        elif self._sticky():
+            self.piped = True
+            self.relay.routed["internal"] += 1
+            self._spawn(self._connect_internal(internal.path))
+        else:
+            self.sniff = bytearray()
+            self.client.write(h2.settings())  # the server preface clients wait for: all defaults
+            self.ack_owed = True
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_later(_FIRST_REQUEST_TIMEOUT, self._dismiss)
 
+    # -- routing by the first request -----------------------------------------------------------
+    def _sticky(self) -> bool:
+        """Whether this client's process was told to retry a call elsewhere a short while ago."""
+        sticky = self.relay.sticky
+        if self.pid is None or not sticky:
+            return False
+        now = asyncio.get_running_loop().time()
+        for pid in [pid for pid, until in sticky.items() if until < now]:
+            del sticky[pid]
+        return self.pid in sticky
+
+    def _sniff(self) -> None:
+        """Look for the first complete header block in what the client sent so far."""
+        buf = self.sniff
+        assert buf is not None
+        preface = len(h2.PREFACE)
+        if len(buf) < preface:
+            if not h2.PREFACE.startswith(bytes(buf)):
+                self._route(None)  # not HTTP/2: the runtime will say so
+            return
+        if self.s_off == 0:
+            if buf[:preface] != h2.PREFACE:
+                return self._route(None)
+            self.s_off = preface
+        off, size = self.s_off, len(buf)
+        while size - off >= h2.HEADER_LEN:
+            length, ftype, flags, _ = h2.read_head(buf, off)
+            end = off + h2.HEADER_LEN + length
+            if end > size:
+                break
+            payload = bytes(buf[off + h2.HEADER_LEN : end])
+            off = end
+            if ftype == h2.HEADERS and not self.s_frags:
+                try:
+                    self.s_frags.append(h2.header_fragment(flags, payload))
+                except h2.FrameError:
+                    return self._route(None)
+            elif ftype == h2.CONTINUATION and self.s_frags:
+                self.s_frags.append(payload)
+            elif self.s_frags:
+                return self._route(None)  # a header block interrupted: the runtime will object
+            else:
+                continue
+            if flags & h2.END_HEADERS:
+                try:  # a decoder of our own: the connection's decoders see these bytes later
+                    headers = cast(_Headers, _decoder().decode(b"".join(self.s_frags), raw=True))
+                except Exception:  # hpack errors, or worse: the runtime's side will report them
+                    return self._route(None)
+                path = h2.header_value(headers, b":path")
+                return self._route(path.decode("utf-8", "replace") if path is not None else None)
+        self.s_off = off
+        if size > _SNIFF_LIMIT:
+            self._route(None)
+
+    def _route(self, path: str | None) -> None:
+        """Connect the client to the internal server (one of our own services) or to the runtime."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        assert self.sniff is not None
+        self.waiting = [bytes(self.sniff)]
+        self.sniff, self.s_frags = None, []
+        internal = self.relay.internal
+        if path is not None and internal is not None and internal.owns(path):
+            self.piped = True
+            self.relay.routed["internal"] += 1
+            self._spawn(self._connect_internal(internal.path))
+        else:
+            self.relay.routed["runtime"] += 1
+            self._spawn(self._connect())
+
+    def _dismiss(self) -> None:
+        """No request in time (or the relay stops): GOAWAY, and close."""
+        self.timer = None
+        if self.sniff is None or self.closed or self.client is None:
+            return
+        self.sniff = None
+        self.client.write(h2.goaway(0, h2.NO_ERROR))
+        self.client.close()
+
+    async def _connect_internal(self, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_unix_connection(lambda: _RuntimeSide(self), path), _CONNECT_TIMEOUT
+            )
+        except (TimeoutError, OSError) as exc:
+            logger.error("cannot reach the internal server at {}: {}", path, exc)
+            self.close()
+            return
+        if self.closed:
+            if self.runtime is not None:
+                self.runtime.close()
+            return
+        waiting, self.waiting = self.waiting, []
+        for chunk in waiting:
+            self._to_internal(chunk)
+
+    def _to_internal(self, data: bytes) -> None:
+        """Client bytes for the internal server: unchanged, but for the ACK of our SETTINGS."""
+        if self.runtime is None:
+            return
+        if not self.ack_owed:
+            self.runtime.write(data)
+            return
+        self.c_buf += data
+        buf = self.c_buf
+        off = 0
+        if self.preface_left:
+            off = min(self.preface_left, len(buf))
+            self.preface_left -= off
+        while len(buf) - off >= h2.HEADER_LEN:
+            length, ftype, flags, _ = h2.read_head(buf, off)
+            end = off + h2.HEADER_LEN + length
+            if end > len(buf):
+                break
+            if ftype == h2.SETTINGS and flags & h2.ACK:
+                self.ack_owed = False
+                self.c_buf = bytearray()
+                self.runtime.writelines([buf[:off], buf[end:]])
+                return
+            off = end
+        self.runtime.write(bytes(buf[:off]))
+        del buf[:off]
+
+    # -- the runtime connection -----------------------------------------------------------------
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
@@ -253,7 +444,15 @@ class Link(asyncio.Protocol):
             self._from_client(chunk)
 
     def data_received(self, data: bytes) -> None:
-        if self.runtime is not None and not self.waiting:
+        if self.sniff is not None:
+            self.sniff += data
+            self._sniff()
+        elif self.piped:
+            if self.runtime is not None and not self.waiting:
+                self._to_internal(data)
+            else:
+                self.waiting.append(data)
+        elif self.runtime is not None and not self.waiting:
             self._from_client(data)
         elif self.stand_in is not None:
             self.stand_in.feed(data)
@@ -263,6 +462,8 @@ class Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.relay.links.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
         if self.stand_in is not None:
             self.stand_in.cancel()
         if self.runtime is not None:
@@ -281,12 +482,19 @@ class Link(asyncio.Protocol):
 
     def go_away(self) -> None:
         """Ask the client to open no new streams (graceful: every stream it sent may complete)."""
-        if self.stand_in is not None:
+        if self.sniff is not None:
+            self._dismiss()
+        elif self.piped:
+            pass  # the internal server sends its own GOAWAY as it stops
+        elif self.stand_in is not None:
             self.stand_in.finish()
+        elif self.moving:
+            pass  # a GOAWAY went already; another may not name a higher stream
         elif self.client is not None and not self.closed:
             self._inject_r2c(h2.goaway(h2.MAX_WINDOW, h2.NO_ERROR))
 
     def busy(self) -> bool:
+        """Relayed calls open (a piped connection's calls are the internal server's to wait for)."""
         return bool(self.streams) and not self.closed
 
     def close(self) -> None:
@@ -336,8 +544,14 @@ class Link(asyncio.Protocol):
                 action = self._client_headers(ftype, flags, sid, buf, off + h2.HEADER_LEN, end)
             elif ftype == h2.RST_STREAM:
                 action = self._client_reset(sid)
-            elif ftype == h2.SETTINGS and not flags & h2.ACK:
-                action = self._client_settings(buf[off + h2.HEADER_LEN : end])
+            elif ftype == h2.SETTINGS:
+                if not flags & h2.ACK:
+                    action = self._client_settings(buf[off + h2.HEADER_LEN : end])
+                elif self.ack_owed:  # the ACK of our own SETTINGS (see _sniff): not the runtime's
+                    self.ack_owed = False
+                    action = _SKIP
+                else:
+                    action = _PASS
             else:
                 action = _PASS
             if action == _PASS and (self.backlog or flow > self.conn_window):
@@ -413,11 +627,16 @@ class Link(asyncio.Protocol):
         sid = self.c_sid
         if sid in self.streams or sid <= self.last_stream:
             return _PASS  # trailers from the client, or a stream we no longer track
+        path = ""
+        if headers is not None:
+            path = (h2.header_value(headers, b":path") or b"").decode("utf-8", "replace")
+            internal = self.relay.internal
+            if self.moving or (internal is not None and internal.owns(path)):
+                return self._move(sid, path)
         self.last_stream = sid
         st = _Stream(sid)
         self.streams[sid] = st
         if headers is not None and not self.c_end:
-            path = (h2.header_value(headers, b":path") or b"").decode("utf-8", "replace")
             hooks = self.relay.hooks.get(path)
             info = KNOWN.get(path)
             if hooks is not None and info is not None:
@@ -425,6 +644,28 @@ class Link(asyncio.Protocol):
             if self.observer is not None and info is not None and info.shape is Shape.UNARY:
                 st.measured, st.began = path, perf_counter()
                 st.sent_at = st.began
+        return _PASS
+
+    def _move(self, sid: int, path: str) -> int:
+        """A call for our own services on a connection relayed to the runtime: refuse it unprocessed.
+
+        GOAWAY (last stream: the one before) tells the client that this stream and any later one
+        were not processed: gRPC clients retry them, transparently, on a new connection, which goes
+        to the internal server (the client's process is remembered for a while: a retried batch
+        may start with a CRI call, and a second refusal would not be retried again). The header
+        block still goes to the runtime (its HPACK decoder must see it), cancelled at once, before
+        any of the request's DATA: the runtime never runs it. Its answers on the stream go to the
+        client (HPACK again), which ignores them.
+        """
+        if not self.moving:
+            self.moving = True
+            self.relay.routed["moved"] += 1
+            if self.pid is not None:  # its retries (and its next calls) go to the internal server
+                self.relay.sticky[self.pid] = asyncio.get_running_loop().time() + _STICKY_SECONDS
+            logger.debug("frame relay: {} on a runtime connection: GOAWAY, the client retries it", path)
+            self._inject_r2c(h2.goaway(self.last_stream, h2.NO_ERROR))
+        self.dropping.add(sid)
+        self._inject_c2r(h2.rst_stream(sid, h2.CANCEL))
         return _PASS
 
     def _client_reset(self, sid: int) -> int:
@@ -617,6 +858,9 @@ class Link(asyncio.Protocol):
     # -- runtime -> client --------------------------------------------------------------------
     def from_runtime(self, data: bytes) -> None:
         if self.client is None or self.closed:
+            return
+        if self.piped:
+            self.client.write(data)
             return
         if self.r_buf:
             self.r_buf += data
@@ -823,6 +1067,9 @@ class Link(asyncio.Protocol):
         self.runtime = None
         if self.closed or self.client is None:
             return
+        if self.piped:  # the internal server closed the connection: so does its client
+            self.client.close()
+            return
         reason = f": {exc}" if exc else ""
         self._end_open_calls(f"lost the connection to runtime {self.relay.endpoint}{reason}")
         if not self.goaway_forwarded and not self.r_open:
@@ -834,6 +1081,16 @@ def _status(headers: _Headers) -> int:
     """The grpc-status of a trailers block (UNKNOWN when missing or malformed)."""
     raw = h2.header_value(headers, b"grpc-status")
     return int(raw) if raw is not None and raw.isdigit() else grpc.StatusCode.UNKNOWN.value[0]
+
+
+def _peer_pid(transport: asyncio.Transport) -> int | None:
+    """The client's process id (SO_PEERCRED), when the transport tells."""
+    sock = transport.get_extra_info("socket")
+    try:
+        pid: int = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[0]
+    except (AttributeError, OSError, struct.error):
+        return None
+    return pid if pid > 0 else None
 
 
 def _decoder() -> hpack.Decoder:

@@ -132,7 +132,7 @@ class ProxyProcess:
             "--runtime-endpoint",
             containerd.address,
             "--state-dir",
-            str(containerd.workdir / "proxy-state"),
+            str(containerd.workdir / f"{name}-state"),
             "--kubelet-state-file",
             str(containerd.workdir / "cpu_manager_state"),
             *extra,

@@ -25,6 +25,7 @@ def relay_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(globals(), "bed", functools.partial(relay_support.bed, relay_mode=request.param))
     return str(request.param)
 
+
 UNKNOWN_FIELD = b"\xf8\x07\x2a"  # field 127, varint 42: a field from a newer kubelet
 
 
