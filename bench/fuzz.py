@@ -17,27 +17,17 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import rss_kib
+from loguru import logger
 
-from loguru import logger  # noqa: E402
-
-from cri_proxy.relay.forward import FailPolicy  # noqa: E402
-from cri_proxy.relay.methods import KNOWN  # noqa: E402
-from tests.unit.test_bad_input import GENERATORS, PATHS, decodes, fuzzer  # noqa: E402
-
-
-def rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+from cri_proxy.relay.forward import FailPolicy
+from cri_proxy.relay.methods import KNOWN
+from tests.unit.test_bad_input import GENERATORS, PATHS, decodes, fuzzer
 
 
 def main() -> None:

@@ -30,8 +30,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,13 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from common import proc_figures, start_fake_runtime, start_proxy, stop_all
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from cri_api.v1 import api_pb2 as pb
 
-from cri_api.v1 import api_pb2 as pb  # noqa: E402
-
-CLI = str(Path(sys.executable).parent / "cri-proxy")
 RS = "/runtime.v1.RuntimeService/"
 MIX = (  # (method, weight): the kubelet's steady state, PLEG relists, status and stats
     ("ListPodSandbox", 1),
@@ -62,37 +57,11 @@ EVENTS_PER_CYCLE = 4  # created, started, stopped, deleted
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def wait_socket(path: Path, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited {proc.returncode}")
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(str(path))
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{path} never answered")
-
-
 def percentile(samples: list[float], q: float) -> float:
     if not samples:
         return float("nan")
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def proc_figures(pid: int) -> dict[str, float]:
-    """RSS (MiB), open fds, CPU seconds (user + system) of a process, from /proc."""
-    rss = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1])
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return {"rss_mib": rss / 1024, "fds": fds, "cpu_s": ticks / os.sysconf("SC_CLK_TCK")}
 
 
 def request_for(method: str, container_ids: list[str], rng: random.Random) -> bytes:
@@ -299,45 +268,19 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cri-load-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fake_sock, proxy_sock = work / "fake.sock", work / "proxy.sock"
-        fake = subprocess.Popen(
-            [
-                CLI,
-                "fake-runtime",
-                "--listen",
-                f"unix://{fake_sock}",
-                "--seed-pods",
-                str(args.pods),
-                "--seed-containers-per-pod",
-                str(args.containers_per_pod),
-                "--log-level",
-                "WARNING",
-            ]
+        fake, direct = start_fake_runtime(
+            work,
+            "--seed-pods",
+            str(args.pods),
+            "--seed-containers-per-pod",
+            str(args.containers_per_pod),
+            "--log-level",
+            "WARNING",
         )
         procs.append(fake)
-        wait_socket(fake_sock, fake)
-        direct, target = f"unix://{fake_sock}", f"unix://{proxy_sock}"
-        proxy = subprocess.Popen(
-            [
-                CLI,
-                "serve",
-                "--config",
-                "/dev/null",
-                "--listen",
-                target,
-                "--runtime-endpoint",
-                direct,
-                "--state-dir",
-                str(work / "state"),
-                "--kubelet-state-file",
-                str(work / "cpu_manager_state"),
-                "--log-level",
-                "WARNING",
-                *(["--relay-mode", args.relay_mode] if args.relay_mode else []),
-            ]
-        )
+        relay_mode = ["--relay-mode", args.relay_mode] if args.relay_mode else []
+        proxy, target = start_proxy(work, direct, "--log-level", "WARNING", *relay_mode)
         procs.append(proxy)
-        wait_socket(proxy_sock, proxy)
         with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as ch:
             listed = pb.ListContainersResponse.FromString(
                 ch.unary_unary(RS + "ListContainers")(b"", timeout=TIMEOUT)
@@ -450,12 +393,7 @@ def main() -> None:
         for label, fig in (("before the load", at_start), ("at the end", at_end), ("5 s later", idle)):
             print(f"proxy {label:<16} RSS {fig['rss_mib']:6.1f} MiB, open fds {fig['fds']:4.0f}")
     finally:
-        for proc in reversed(procs):
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 

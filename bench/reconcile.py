@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,29 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from common import ROOT, start_fake_runtime, start_proxy, stop_all
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-sys.path.insert(0, str(ROOT))
 
-from cri_api.v1 import api_pb2 as pb  # noqa: E402
-from cri_api.v1 import api_pb2_grpc  # noqa: E402
-from cri_proxy.endpoints import socket_answers  # noqa: E402
-from tests.unit.enforce_support import fake_sysfs  # noqa: E402
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc
+from tests.unit.enforce_support import fake_sysfs
 
-CLI = str(Path(sys.executable).parent / "cri-proxy")
 QOS = "koordinator.sh/qosClass"
 ALLOC = "scheduling.koordinator.sh/resource-status"
-
-
-def wait_socket(path: Path, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args[1]} exited {proc.returncode}")
-        if path.exists() and socket_answers(path):
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"{path} never answered")
 
 
 def pod_config(name: str, qos: str, labels: dict[str, str], annotations: dict[str, str]) -> Any:
@@ -113,31 +98,20 @@ def introspect(channel: grpc.Channel) -> list[dict[str, Any]]:
 def measure(
     runtime_ep: str, work: Path, n: int, lsr_cpus: str, sysfs: Path | None, start: bool, log_dir: Path | None
 ) -> tuple[float, float]:
-    proxy_sock = work / f"proxy-{n}.sock"
-    args = [
-        CLI,
-        "serve",
-        "--config",
-        "/dev/null",
-        "--listen",
-        f"unix://{proxy_sock}",
-        "--runtime-endpoint",
+    sysfs_root = ["--sysfs-root", str(sysfs)] if sysfs is not None else []
+    proxy, endpoint = start_proxy(
+        work,
         runtime_ep,
-        "--state-dir",
-        str(work / f"state-{n}"),
-        "--kubelet-state-file",
-        str(work / "none"),
         "--log-level",
         "WARNING",
         "--exclusive-wait",
         "60",
-    ]
-    if sysfs is not None:
-        args += ["--sysfs-root", str(sysfs)]
-    proxy = subprocess.Popen(args)
+        *sysfs_root,
+        listen=work / f"proxy-{n}.sock",
+        state_dir=work / f"state-{n}",
+    )
     try:
-        wait_socket(proxy_sock, proxy)
-        channel = grpc.insecure_channel(f"unix://{proxy_sock}")
+        channel = grpc.insecure_channel(endpoint)
         rt = api_pb2_grpc.RuntimeServiceStub(channel)
         ids = run_pods(rt, n, start, log_dir)
         # the exclusive pod arrives: time until every LS container is off its CPUs
@@ -169,8 +143,7 @@ def measure(
         direct.close()
         return proxy_time, loop_time
     finally:
-        proxy.send_signal(signal.SIGTERM)
-        proxy.wait(60)
+        stop_all([proxy], 60)
 
 
 def report(label: str, n: int, proxy_time: float, loop_time: float) -> None:
@@ -190,21 +163,8 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cri-bench-reconcile-"))
     sysfs = fake_sysfs(work / "sys", {0: "0-7", 1: "8-15"})
-    fake_sock = work / "fake.sock"
-    fake = subprocess.Popen(
-        [
-            CLI,
-            "fake-runtime",
-            "--listen",
-            f"unix://{fake_sock}",
-            "--update-latency-ms",
-            "25",
-            "--log-level",
-            "WARNING",
-        ]
-    )
+    fake, fake_ep = start_fake_runtime(work, "--update-latency-ms", "25", "--log-level", "WARNING")
     try:
-        wait_socket(fake_sock, fake)
         print(
             f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; proxy concurrency 8 (default)",
             flush=True,
@@ -213,11 +173,10 @@ def main() -> None:
             report(
                 "fake runtime, 25 ms per update",
                 n,
-                *measure(f"unix://{fake_sock}", work, n, "2-3", sysfs, True, None),
+                *measure(fake_ep, work, n, "2-3", sysfs, True, None),
             )
     finally:
-        fake.send_signal(signal.SIGTERM)
-        fake.wait(30)
+        stop_all([fake])
     if args.no_containerd or os.geteuid() != 0:
         return
     from containerd import PrivateContainerd, missing_tools, run_setup_script

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,27 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+from common import ROOT, rss_kib, start_fake_runtime, start_proxy, stop_all
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from cri_api.v1 import api_pb2 as pb  # noqa: E402
+from cri_api.v1 import api_pb2 as pb
 
-CLI = str(Path(sys.executable).parent / "cri-proxy")
 BIG_ANNOTATION = 16 * 1024
-
-
-def wait_socket(path: Path, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(400):
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited {proc.returncode}")
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(str(path))
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{path} never answered")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -127,13 +111,6 @@ def populate(address: str, pods: int, per_pod: int, annotation_bytes: int = 0, l
     return last
 
 
-def proxy_rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -157,43 +134,19 @@ def main() -> None:
             containerd = PrivateContainerd().start()
             runtime_address = containerd.address
         else:
-            sock = work / "fake.sock"
-            fake = subprocess.Popen(
-                [CLI, "fake-runtime", "--listen", f"unix://{sock}", "--log-level", "WARNING"]
-            )
+            fake, runtime_address = start_fake_runtime(work, "--log-level", "WARNING")
             procs.append(fake)
-            wait_socket(sock, fake)
-            runtime_address = f"unix://{sock}"
-        proxy_sock = work / "proxy.sock"
-        proxy_proc = subprocess.Popen(
-            [
-                CLI,
-                "serve",
-                "--state-dir",
-                str(work / "state"),
-                "--kubelet-state-file",
-                str(work / "cpu_manager_state"),
-                "--config",
-                "/dev/null",
-                "--listen",
-                f"unix://{proxy_sock}",
-                "--runtime-endpoint",
-                runtime_address,
-                "--log-level",
-                "WARNING",
-                *(["--relay-mode", args.relay_mode] if args.relay_mode else []),
-            ]
-        )
+        relay_mode = ["--relay-mode", args.relay_mode] if args.relay_mode else []
+        proxy_proc, proxy_address = start_proxy(work, runtime_address, "--log-level", "WARNING", *relay_mode)
         procs.append(proxy_proc)
-        wait_socket(proxy_sock, proxy_proc)
-        direct, proxy = Target(runtime_address), Target(f"unix://{proxy_sock}")
+        direct, proxy = Target(runtime_address), Target(proxy_address)
         print(
             f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}"
             f" (relay mode {args.relay_mode or 'default'}); "
             f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs",
             flush=True,
         )
-        rss_start = proxy_rss_kib(proxy_proc.pid)
+        rss_start = rss_kib(proxy_proc.pid)
 
         rs = "/runtime.v1.RuntimeService/"
         empty = b""
@@ -214,11 +167,9 @@ def main() -> None:
         big_pod = populate(runtime_address, 1, 256, annotation_bytes=BIG_ANNOTATION, label="big")
         big = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=big_pod)).SerializeToString()
         measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
-        print(f"proxy RSS: {rss_start} KiB at start, {proxy_rss_kib(proxy_proc.pid)} KiB at end", flush=True)
+        print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
     finally:
-        for proc in reversed(procs):
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+        stop_all(procs)
         if containerd is not None:
             from containerd import connect, remove_all_pods
 

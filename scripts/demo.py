@@ -16,11 +16,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+sys.path.insert(0, str(ROOT))
 
 from cri_proxy.client import CriClient  # noqa: E402
 from cri_proxy.endpoints import socket_answers  # noqa: E402
-
-CLI = str(Path(sys.executable).parent / "cri-proxy")
+from tests.processes import CLI, serve_command  # noqa: E402
 
 
 def step(text: str) -> None:
@@ -115,7 +115,7 @@ def show_cpusets(proxy_endpoint: str, title: str) -> None:
 
 def cpuset_scenario(client: CriClient, proxy_endpoint: str, log_root: Path) -> None:
     """BE and LS pods share the node; an LSR pod takes the last CPU; it goes away again."""
-    from kube import container_config, pod_sandbox_config
+    from kube import start_pod
 
     from cri_proxy.cpu import CPUSet
     from cri_proxy.sysfs import read_topology
@@ -124,23 +124,7 @@ def cpuset_scenario(client: CriClient, proxy_endpoint: str, log_root: Path) -> N
     last_cpu = max(read_topology().online)
 
     def start(name: str, qos: str, labels: dict[str, str], annotations: dict[str, str]) -> str:
-        pod = pod_sandbox_config(
-            pb,
-            name,
-            qos=qos,
-            labels=labels,
-            annotations=annotations,  # type: ignore[arg-type]
-            log_root=log_root,
-        )
-        pod_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=pod), timeout=60).pod_sandbox_id
-        cid = rt.CreateContainer(
-            pb.CreateContainerRequest(
-                pod_sandbox_id=pod_id, config=container_config(pb, pod, "app"), sandbox_config=pod
-            ),
-            timeout=60,
-        ).container_id
-        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
-        return str(pod_id)
+        return start_pod(pb, rt, name, qos, labels, annotations, log_root=log_root, timeout=60)[0]  # type: ignore[arg-type]
 
     pods = [
         start("batch", "besteffort", {"koordinator.sh/qosClass": "BE"}, {}),
@@ -193,24 +177,7 @@ def main() -> int:
             runtime_endpoint, log_root = f"unix://{sock}", work / "pod-logs"
         proxy_sock = work / "cri-proxy.sock"
         step(f"starting cri-proxy serve --listen unix://{proxy_sock} --runtime-endpoint {runtime_endpoint}")
-        procs.append(
-            subprocess.Popen(
-                [
-                    CLI,
-                    "serve",
-                    "--state-dir",
-                    str(work / "state"),
-                    "--kubelet-state-file",
-                    str(work / "cpu_manager_state"),
-                    "--config",
-                    "/dev/null",
-                    "--listen",
-                    f"unix://{proxy_sock}",
-                    "--runtime-endpoint",
-                    runtime_endpoint,
-                ]
-            )
-        )
+        procs.append(subprocess.Popen(serve_command(work, runtime_endpoint, listen=proxy_sock)))
         wait_for(proxy_sock, procs[-1], "cri-proxy")
         with CriClient(f"unix://{proxy_sock}") as client:
             run_pod(client, use_containerd, log_root)

@@ -56,11 +56,16 @@ def parse_into(data: Any, message: Message, path: str) -> Message:
     return message
 
 
-def load_pod_config(pb: Any, path: str) -> Any:
-    config = parse_into(read_document(path), pb.PodSandboxConfig(), path)
-    assert isinstance(config, pb.PodSandboxConfig)
+def _with_metadata(message: Message, path: str) -> Any:
+    """The config file at `path` parsed into `message`: pod and container configs both need metadata."""
+    config = parse_into(read_document(path), message, path)
     if not config.HasField("metadata"):
         raise CtlError(f"config at {path}: metadata is not set")
+    return config
+
+
+def load_pod_config(pb: Any, path: str) -> Any:
+    config = _with_metadata(pb.PodSandboxConfig(), path)
     if not config.metadata.uid:
         config.metadata.uid = str(uuid.uuid4())
     if not config.metadata.name or not config.metadata.namespace:
@@ -71,10 +76,7 @@ def load_pod_config(pb: Any, path: str) -> Any:
 
 
 def load_container_config(pb: Any, path: str) -> Any:
-    config = parse_into(read_document(path), pb.ContainerConfig(), path)
-    assert isinstance(config, pb.ContainerConfig)
-    if not config.HasField("metadata"):
-        raise CtlError(f"config at {path}: metadata is not set")
+    config = _with_metadata(pb.ContainerConfig(), path)
     if not config.metadata.name:
         raise CtlError(f"config at {path}: name is not in metadata")
     return config

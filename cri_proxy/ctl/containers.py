@@ -6,14 +6,13 @@ import argparse
 import glob
 import os
 import sys
-import time
 from typing import Any
 
-from cri_proxy.ctl import output, resolve
+from cri_proxy.ctl import output, resolve, sampling
 from cri_proxy.ctl.configs import load_container_config, load_pod_config
 from cri_proxy.ctl.conn import Conn
 from cri_proxy.ctl.errors import CtlError
-from cri_proxy.ctl.flags import matches, parse_labels, regex
+from cri_proxy.ctl.flags import matches, newest, parse_labels, regex
 
 STATES = {
     "created": "CONTAINER_CREATED",
@@ -61,24 +60,13 @@ def list_containers(conn: Conn, args: argparse.Namespace, id_prefix: str = "") -
     if args.image:
         want = _image_id(conn, args.image)
         found = [c for c in found if want and _image_id(conn, c.image.image) == want]
-    found.sort(key=lambda c: c.created_at, reverse=True)
-    n = len(found)
-    if args.latest:
-        n = 1
-    if args.last > 0:
-        n = args.last
-    return found[:n]
+    return newest(found, args)
 
 
 def ps(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     found = list_containers(conn, args, args.id)
-    if args.output != "table":
-        print(output.message_output(pb.ListContainersResponse(containers=found), args.output))
-        return 0
-    if args.quiet:
-        for c in found:
-            print(c.id)
+    if output.brief_listing(args, pb.ListContainersResponse(containers=found), (c.id for c in found)):
         return 0
     if args.verbose:
         for c in found:
@@ -125,11 +113,8 @@ def ps(args: argparse.Namespace, conn: Conn) -> int:
 
 def inspect(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
-    ids = [resolve.container(conn, text).id for text in args.ids]
-    if not args.ids:
-        ids = [c.id for c in list_containers(conn, args)]
-    if not ids:
-        raise CtlError("no IDs provided or nothing found per filter")
+    named = [resolve.container(conn, text).id for text in args.ids]
+    ids = resolve.named_or_listed(named, lambda: list_containers(conn, args))
     docs = []
     for cid in ids:
         r = conn.runtime(
@@ -342,35 +327,19 @@ def stats(args: argparse.Namespace, conn: Conn) -> int:
         ]
         return sorted(kept, key=lambda s: s.attributes.id)
 
-    while True:
-        first = fetch()
-        if args.output != "table":
-            print(output.message_output(pb.ListContainerStatsResponse(stats=first), args.output))
-            return 0
-        old = {s.attributes.id: s for s in first}
-        time.sleep(max(0, args.seconds))
-        rows = [["CONTAINER", "NAME", "CPU %", "MEM", "DISK", "INODES", "SWAP"]]
-        for s in fetch():
-            cpu, mem = s.cpu.usage_core_nano_seconds.value, s.memory.working_set_bytes.value
-            if (not args.all and cpu == 0 and mem == 0) or s.attributes.id not in old:
-                continue
-            before = old[s.attributes.id].cpu
-            percent = 0.0
-            if cpu and s.cpu.timestamp != before.timestamp:
-                percent = (
-                    (cpu - before.usage_core_nano_seconds.value) / (s.cpu.timestamp - before.timestamp) * 100
-                )
-            rows.append(
-                [
-                    output.truncate(s.attributes.id),
-                    s.attributes.metadata.name,
-                    f"{percent:.2f}",
-                    output.human_size(mem, 4),
-                    output.human_size(s.writable_layer.used_bytes.value, 4),
-                    str(s.writable_layer.inodes_used.value),
-                    output.human_size(s.swap.swap_usage_bytes.value, 4),
-                ]
-            )
-        print(output.table(rows), flush=True)
-        if not args.watch:
-            return 0
+    def row(s: Any, before: Any) -> list[str] | None:
+        cpu, mem = s.cpu.usage_core_nano_seconds.value, s.memory.working_set_bytes.value
+        if not args.all and cpu == 0 and mem == 0:
+            return None
+        return [
+            output.truncate(s.attributes.id),
+            s.attributes.metadata.name,
+            f"{sampling.cpu_percent(s.cpu, before.cpu):.2f}",
+            output.human_size(mem, 4),
+            output.human_size(s.writable_layer.used_bytes.value, 4),
+            str(s.writable_layer.inodes_used.value),
+            output.human_size(s.swap.swap_usage_bytes.value, 4),
+        ]
+
+    head = ["CONTAINER", "NAME", "CPU %", "MEM", "DISK", "INODES", "SWAP"]
+    return sampling.watch(args, fetch, lambda found: pb.ListContainerStatsResponse(stats=found), head, row)

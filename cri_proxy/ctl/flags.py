@@ -50,3 +50,14 @@ def regex(flag: str, pattern: str | None) -> re.Pattern[str] | None:
 
 def matches(pattern: re.Pattern[str] | None, value: str) -> bool:
     return pattern is None or pattern.search(value) is not None
+
+
+def newest(found: list[Any], args: argparse.Namespace) -> list[Any]:
+    """Newest first, cut to `--latest` or `--last N`: `ps`, `pods` and their `inspect*` pick alike."""
+    found.sort(key=lambda item: item.created_at, reverse=True)
+    n = len(found)
+    if args.latest:
+        n = 1
+    if args.last > 0:
+        n = args.last
+    return found[:n]

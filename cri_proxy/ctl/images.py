@@ -41,16 +41,17 @@ def _repo_tag_pairs(tags: Any, name: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _list(conn: Conn, name: str) -> list[Any]:
+    """The images `--name`/IMAGE selects, sorted as crictl sorts them (`images` and `inspecti`)."""
+    pb = conn.pb
+    request = pb.ListImagesRequest(filter=pb.ImageFilter(image=pb.ImageSpec(image=name)))
+    return sorted(conn.image("ListImages", request).images, key=_sort_key)
+
+
 def images(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
-    request = pb.ListImagesRequest(filter=pb.ImageFilter(image=pb.ImageSpec(image=args.name)))
-    found = sorted(conn.image("ListImages", request).images, key=_sort_key)
-    if args.output != "table":
-        print(output.message_output(pb.ListImagesResponse(images=found), args.output))
-        return 0
-    if args.quiet:
-        for image in found:
-            print(image.id)
+    found = _list(conn, args.name)
+    if output.brief_listing(args, pb.ListImagesResponse(images=found), (image.id for image in found)):
         return 0
     if args.verbose:
         for image in found:
@@ -83,13 +84,7 @@ def images(args: argparse.Namespace, conn: Conn) -> int:
 
 
 def inspecti(args: argparse.Namespace, conn: Conn) -> int:
-    pb = conn.pb
-    texts = list(args.ids)
-    if not texts:
-        request = pb.ListImagesRequest(filter=pb.ImageFilter(image=pb.ImageSpec(image=args.name)))
-        texts = [i.id for i in sorted(conn.image("ListImages", request).images, key=_sort_key)]
-    if not texts:
-        raise CtlError("no IDs provided or nothing found per filter")
+    texts = resolve.named_or_listed(list(args.ids), lambda: _list(conn, args.name))
     docs = []
     for text in texts:
         _, r = resolve.image(conn, text, verbose=not args.quiet)

@@ -5,6 +5,7 @@ status-and-info documents of `inspect`, `inspectp`, `inspecti`, `info` and `imag
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import re
@@ -190,3 +191,16 @@ def labels_block(title: str, values: Mapping[str, str]) -> list[str]:
     if not values:
         return []
     return [f"{title}:"] + [f"\t{k} -> {values[k]}" for k in sorted(values)]
+
+
+def brief_listing(args: argparse.Namespace, response: Message, ids: Iterable[str]) -> bool:
+    """`-o json|yaml` (the response) or `-q` (ids alone), the same for every list command; True
+    when printed, and the command's own table or verbose form is not wanted."""
+    if args.output != "table":
+        print(message_output(response, args.output))
+        return True
+    if args.quiet:
+        for item_id in ids:
+            print(item_id)
+        return True
+    return False

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
-from cri_proxy.ctl import output, resolve
+from cri_proxy.ctl import output, resolve, sampling
 from cri_proxy.ctl.configs import load_pod_config
 from cri_proxy.ctl.conn import Conn
 from cri_proxy.ctl.errors import CtlError
-from cri_proxy.ctl.flags import matches, parse_labels, regex
+from cri_proxy.ctl.flags import matches, newest, parse_labels, regex
 
 STATES = {"ready": "SANDBOX_READY", "notready": "SANDBOX_NOTREADY"}
 STATE_NAMES = {"SANDBOX_READY": "Ready", "SANDBOX_NOTREADY": "NotReady"}
@@ -38,13 +37,7 @@ def list_pods(conn: Conn, args: argparse.Namespace, id_prefix: str = "") -> list
         and matches(name, p.metadata.name)
         and matches(namespace, p.metadata.namespace)
     ]
-    found.sort(key=lambda p: p.created_at, reverse=True)
-    n = len(found)
-    if args.latest:
-        n = 1
-    if args.last > 0:
-        n = args.last
-    return found[:n]
+    return newest(found, args)
 
 
 def _handler(pod: Any) -> str:
@@ -54,12 +47,7 @@ def _handler(pod: Any) -> str:
 def pods(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     found = list_pods(conn, args, args.id)
-    if args.output != "table":
-        print(output.message_output(pb.ListPodSandboxResponse(items=found), args.output))
-        return 0
-    if args.quiet:
-        for p in found:
-            print(p.id)
+    if output.brief_listing(args, pb.ListPodSandboxResponse(items=found), (p.id for p in found)):
         return 0
     if args.verbose:
         for p in found:
@@ -99,11 +87,8 @@ def pods(args: argparse.Namespace, conn: Conn) -> int:
 
 def inspectp(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
-    ids = [resolve.pod(conn, text).id for text in args.ids]
-    if not args.ids:
-        ids = [p.id for p in list_pods(conn, args)]
-    if not ids:
-        raise CtlError("no IDs provided or nothing found per filter")
+    named = [resolve.pod(conn, text).id for text in args.ids]
+    ids = resolve.named_or_listed(named, lambda: list_pods(conn, args))
     docs = []
     for pod_id in ids:
         r = conn.runtime(
@@ -203,34 +188,16 @@ def statsp(args: argparse.Namespace, conn: Conn) -> int:
         stats = conn.runtime("ListPodSandboxStats", request).stats
         return sorted((s for s in stats if s.attributes.id.startswith(prefix)), key=lambda s: s.attributes.id)
 
-    while True:
-        first = fetch()
-        if args.output != "table":
-            print(output.message_output(pb.ListPodSandboxStatsResponse(stats=first), args.output))
-            return 0
-        old = {s.attributes.id: s for s in first}
-        time.sleep(max(0, args.seconds))
-        rows = [["POD", "POD ID", "CPU %", "MEM"]]
-        for s in fetch():
-            cpu, mem, ts = (
-                s.linux.cpu.usage_core_nano_seconds.value,
-                s.linux.memory.working_set_bytes.value,
-                s.linux.cpu.timestamp,
-            )
-            if (cpu == 0 and mem == 0) or s.attributes.id not in old:
-                continue
-            before = old[s.attributes.id].linux.cpu
-            percent = 0.0
-            if cpu and ts != before.timestamp:
-                percent = (cpu - before.usage_core_nano_seconds.value) / (ts - before.timestamp) * 100
-            rows.append(
-                [
-                    s.attributes.metadata.name,
-                    output.truncate(s.attributes.id),
-                    f"{percent:.2f}",
-                    output.human_size(mem, 4),
-                ]
-            )
-        print(output.table(rows), flush=True)
-        if not args.watch:
-            return 0
+    def row(s: Any, before: Any) -> list[str] | None:
+        cpu, mem = s.linux.cpu.usage_core_nano_seconds.value, s.linux.memory.working_set_bytes.value
+        if cpu == 0 and mem == 0:
+            return None
+        return [
+            s.attributes.metadata.name,
+            output.truncate(s.attributes.id),
+            f"{sampling.cpu_percent(s.linux.cpu, before.linux.cpu):.2f}",
+            output.human_size(mem, 4),
+        ]
+
+    head = ["POD", "POD ID", "CPU %", "MEM"]
+    return sampling.watch(args, fetch, lambda found: pb.ListPodSandboxStatsResponse(stats=found), head, row)

@@ -5,7 +5,7 @@ An unknown id and an ambiguous prefix are errors that say so, naming the candida
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cri_proxy.ctl.conn import Conn
@@ -73,3 +73,12 @@ def image(conn: Conn, text: str, verbose: bool = False) -> tuple[str, Any]:
     if not status.HasField("image"):
         raise CtlError(f"no such image {text!r} present")
     return image_id, status
+
+
+def named_or_listed(named: list[str], listed: Callable[[], Sequence[Any]]) -> list[str]:
+    """What the `inspect*` commands show: the ids named, else those of all the filters find;
+    an error when that is none, as crictl's."""
+    ids = named or [item.id for item in listed()]
+    if not ids:
+        raise CtlError("no IDs provided or nothing found per filter")
+    return ids

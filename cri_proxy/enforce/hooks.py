@@ -7,6 +7,7 @@ decided cpuset; the sandbox and container life-cycle calls keep the state and wa
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -168,7 +169,11 @@ class EnforceHooks:
         req.config.linux.resources.cpuset_cpus = cpus  # creates linux/resources when absent
         self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
         if decision.qos in EXCLUSIVE:
-            await self._vacate(pod, name, cpus)
+            try:
+                await self._vacate(pod, name, cpus)
+            except asyncio.CancelledError:  # the caller gave up while we waited: nothing was created
+                self.state.remove_container(pid)
+                raise
         return request
 
     def _refuse_bad_annotation(self, pod: PodRecord, problems: Any, pid: str) -> None:

@@ -23,6 +23,7 @@ class FakeOptions:
     listen: str
     latency: float = 0.0  # seconds added to every call
     update_latency: float = 0.0  # more seconds for UpdateContainerResources (real runtimes take 20-30 ms)
+    create_latency: float = 0.0  # more seconds for CreateContainer
     seed_pods: int = 0  # pods created at start, each with `seed_containers_per_pod` running containers
     seed_containers_per_pod: int = 1
     seed_label_bytes: int = 0  # size of a padding label on each seeded container (large responses)
@@ -38,7 +39,7 @@ def _add_servicers(server: grpc.aio.Server, store: Store, opts: FakeOptions) -> 
     for name, pb, pb_grpc in (("v1", v1, v1_grpc), ("v1alpha2", v1a2, v1a2_grpc)):
         runtime_cls = type(f"FakeRuntime_{name}", (RuntimeServicer, pb_grpc.RuntimeServiceServicer), {})
         image_cls = type(f"FakeImage_{name}", (ImageServicer, pb_grpc.ImageServiceServicer), {})
-        runtime = runtime_cls(pb, store, opts.latency, opts.update_latency, name)
+        runtime = runtime_cls(pb, store, opts.latency, opts.update_latency, opts.create_latency, name)
         image = image_cls(pb, store)
         pb_grpc.add_RuntimeServiceServicer_to_server(runtime, server)
         pb_grpc.add_ImageServiceServicer_to_server(image, server)

@@ -36,12 +36,14 @@ class RuntimeServicer:
         store: Store,
         latency: float = 0.0,
         update_latency: float = 0.0,
+        create_latency: float = 0.0,
         version_name: str = "v1",
     ) -> None:
         self.pb = pb
         self.store = store
         self.latency = latency
         self.update_latency = update_latency
+        self.create_latency = create_latency
         self.version_name = version_name
 
     async def _delay(self, extra: float = 0.0) -> None:
@@ -163,7 +165,7 @@ class RuntimeServicer:
 
     # -- containers ------------------------------------------------------------------------
     async def CreateContainer(self, request: Any, context: Ctx) -> Any:
-        await self._delay()
+        await self._delay(self.create_latency)
         sandbox = await self._sandbox(request.pod_sandbox_id, context)
         container_id = self.store.new_id()
         resources = self.pb.LinuxContainerResources()

@@ -96,6 +96,39 @@ class _Hooked:
     task: asyncio.Task[None] | None = None
 
 
+class _HeaderBlock:
+    """One direction's header block (HEADERS, then CONTINUATIONs): both directions gather and
+    decode theirs alike, and while one is open nothing may be inserted into that direction."""
+
+    __slots__ = ("dec", "end", "frags", "open", "sid")
+
+    def __init__(self) -> None:
+        self.dec: hpack.Decoder | None = None  # None: this direction's headers are not read
+        self.open = False
+        self.sid = 0
+        self.end = False  # the block's HEADERS frame ended its stream
+        self.frags: list[Buf] = []
+
+    def feed(self, ftype: int, flags: int, sid: int, buf: Buf, start: int, end: int) -> bool:
+        """Take a HEADERS or CONTINUATION frame (payload `buf[start:end]`, copied only when read);
+        True once the block is complete."""
+        if ftype == h2.HEADERS:
+            self.sid, self.end = sid, bool(flags & h2.END_STREAM)
+            self.frags = [] if self.dec is None else [h2.header_fragment(flags, bytes(buf[start:end]))]
+        elif self.dec is not None:
+            self.frags.append(buf[start:end])
+        self.open = not flags & h2.END_HEADERS
+        return not self.open
+
+    def decode(self) -> _Headers | None:
+        """The complete block's headers, or None when not read; raises hpack.HPACKError."""
+        if self.dec is None:
+            return None
+        headers = cast(_Headers, self.dec.decode(b"".join(self.frags), raw=True))
+        self.frags = []
+        return headers
+
+
 @dataclass(slots=True, eq=False)
 class _Stream:
     """An open stream: enough to end it ourselves if the runtime goes away."""
@@ -225,18 +258,10 @@ class Link(asyncio.Protocol):
         self.c_buf = bytearray()
         self.r_buf = bytearray()
         self.preface_left = len(h2.PREFACE)
-        self.c_dec: hpack.Decoder | None = None
-        self.r_dec: hpack.Decoder | None = None
         # header blocks in progress: nothing may be inserted into a direction while one is open
-        self.c_open = False
+        self.c_block = _HeaderBlock()
+        self.r_block = _HeaderBlock()
         self.c_parsing = False
-        self.c_sid = 0
-        self.c_end = False
-        self.c_frags: list[Buf] = []
-        self.r_open = False
-        self.r_sid = 0
-        self.r_end = False
-        self.r_frags: list[Buf] = []
         self.streams: dict[int, _Stream] = {}
         self.last_stream = 0
         self.dropping: set[int] = set()  # response streams we ended ourselves (oversized message)
@@ -273,9 +298,9 @@ class Link(asyncio.Protocol):
         self.relay.links.add(self)
         self.observer = self.relay.observer()
         if len(self.relay.hooks) or self.observer is not None or self.relay.internal is not None:
-            self.c_dec = _decoder()
+            self.c_block.dec = _decoder()
         if self.relay.watch_responses() or self.observer is not None:
-            self.r_dec = _decoder()
+            self.r_block.dec = _decoder()
         self.pid = _peer_pid(self.client)
         internal = self.relay.internal
         if internal is None:
@@ -382,13 +407,18 @@ class Link(asyncio.Protocol):
             logger.error("cannot reach the internal server at {}: {}", path, exc)
             self.close()
             return
+        for chunk in self._connected():
+            self._to_internal(chunk)
+
+    def _connected(self) -> list[bytes]:
+        """The runtime side is up: what the client sent meanwhile, to pass on now; nothing (and
+        the new connection closed) when the link closed while it connected."""
         if self.closed:
             if self.runtime is not None:
                 self.runtime.close()
-            return
+            return []
         waiting, self.waiting = self.waiting, []
-        for chunk in waiting:
-            self._to_internal(chunk)
+        return waiting
 
     def _to_internal(self, data: bytes) -> None:
         """Client bytes for the internal server: unchanged, but for the ACK of our SETTINGS."""
@@ -435,12 +465,7 @@ class Link(asyncio.Protocol):
                     self.stand_in.feed(chunk)
                 self.waiting.clear()
             return
-        if self.closed:
-            if self.runtime is not None:
-                self.runtime.close()
-            return
-        waiting, self.waiting = self.waiting, []
-        for chunk in waiting:
+        for chunk in self._connected():
             self._from_client(chunk)
 
     def data_received(self, data: bytes) -> None:
@@ -565,7 +590,7 @@ class Link(asyncio.Protocol):
             if action != _PASS:
                 start = end
             off = end
-            if not self.c_open and self.deferred_c2r:
+            if not self.c_block.open and self.deferred_c2r:
                 self._to_runtime(buf[start:off])
                 start = off
                 deferred, self.deferred_c2r = self.deferred_c2r, []
@@ -573,7 +598,7 @@ class Link(asyncio.Protocol):
                     self._emit(chunk, chunk_flow)
         self._to_runtime(buf[start:off])
         self.c_parsing = False
-        if not self.c_open and self.deferred_c2r:
+        if not self.c_block.open and self.deferred_c2r:
             deferred, self.deferred_c2r = self.deferred_c2r, []
             for chunk, chunk_flow in deferred:
                 self._emit(chunk, chunk_flow)
@@ -608,23 +633,15 @@ class Link(asyncio.Protocol):
         return _SKIP
 
     def _client_headers(self, ftype: int, flags: int, sid: int, buf: Buf, start: int, end: int) -> int:
-        if ftype == h2.HEADERS:
-            self.c_sid, self.c_end = sid, bool(flags & h2.END_STREAM)
-            self.c_frags = [] if self.c_dec is None else [h2.header_fragment(flags, bytes(buf[start:end]))]
-        elif self.c_dec is not None:
-            self.c_frags.append(buf[start:end])
-        self.c_open = not flags & h2.END_HEADERS
-        if self.c_open:
+        block = self.c_block
+        if not block.feed(ftype, flags, sid, buf, start, end):
             return _PASS
-        headers: list[tuple[bytes, bytes]] | None = None
-        if self.c_dec is not None:
-            try:
-                headers = cast(_Headers, self.c_dec.decode(b"".join(self.c_frags), raw=True))
-            except hpack.HPACKError as exc:
-                self._fatal(f"client header block does not decode: {exc}")
-                return _SKIP
-            self.c_frags = []
-        sid = self.c_sid
+        try:
+            headers = block.decode()
+        except hpack.HPACKError as exc:
+            self._fatal(f"client header block does not decode: {exc}")
+            return _SKIP
+        sid = block.sid
         if sid in self.streams or sid <= self.last_stream:
             return _PASS  # trailers from the client, or a stream we no longer track
         path = ""
@@ -636,7 +653,7 @@ class Link(asyncio.Protocol):
         self.last_stream = sid
         st = _Stream(sid)
         self.streams[sid] = st
-        if headers is not None and not self.c_end:
+        if headers is not None and not block.end:
             hooks = self.relay.hooks.get(path)
             info = KNOWN.get(path)
             if hooks is not None and info is not None:
@@ -668,18 +685,27 @@ class Link(asyncio.Protocol):
         self._inject_c2r(h2.rst_stream(sid, h2.CANCEL))
         return _PASS
 
-    def _client_reset(self, sid: int) -> int:
+    def _reset(self, sid: int) -> _Stream | None:
+        """A stream reset by either side: forget it, and stop its hook (hooked streams only)."""
         st = self.streams.pop(sid, None)
         if st is not None and st.hook is not None:
             if st.hook.task is not None and not st.hook.finished:
                 st.hook.task.cancel()
             self._settle(st.hook)
+        return st
+
+    def _client_reset(self, sid: int) -> int:
+        st = self._reset(sid)
+        hook = None if st is None else st.hook
+        if hook is not None and hook.request is not None and hook.hooks.failed is not None:
+            # the caller cancelled a call already forwarded: roll back as for a failure
+            self._spawn(_run_observer(hook.hooks.failed, hook.request, grpc.StatusCode.CANCELLED, hook.info))
         return _PASS
 
     def _client_settings(self, payload: Buf) -> int:
         for ident, value in h2.settings_pairs(bytes(payload)):
-            if ident == h2.SETTINGS_HEADER_TABLE_SIZE and self.r_dec is not None:
-                self.r_dec.max_allowed_table_size = value
+            if ident == h2.SETTINGS_HEADER_TABLE_SIZE and self.r_block.dec is not None:
+                self.r_block.dec.max_allowed_table_size = value
         return _PASS
 
     def _to_runtime(self, chunk: Buf) -> None:
@@ -703,7 +729,7 @@ class Link(asyncio.Protocol):
 
     def _inject_c2r(self, chunk: Buf, flow: int = 0) -> None:
         """A frame of our own for the runtime; never inside the client's open header block."""
-        if self.c_open or self.c_parsing:  # after the client frames read so far
+        if self.c_block.open or self.c_parsing:  # after the client frames read so far
             self.deferred_c2r.append((chunk, flow))
         else:
             self._emit(chunk, flow)
@@ -774,6 +800,11 @@ class Link(asyncio.Protocol):
             return
         if self.streams.get(st.id) is not st or self.runtime is None:
             self._settle(hook)  # cancelled, or ended by the runtime, meanwhile: nothing to send
+            if hook.request is not None and hook.hooks.failed is not None:
+                # the pre hook did its work for a call that will never run: let it roll back
+                self._spawn(
+                    _run_observer(hook.hooks.failed, hook.request, grpc.StatusCode.CANCELLED, hook.info)
+                )
             return
         hook.out, hook.out_at, hook.sending = body, 0, True
         if st.measured:
@@ -894,7 +925,7 @@ class Link(asyncio.Protocol):
                     self._to_client(buf[start:off])
                 start = end
             off = end
-            if not self.r_open and self.deferred_r2c:
+            if not self.r_block.open and self.deferred_r2c:
                 self._to_client(buf[start:off])
                 start = off
                 deferred, self.deferred_r2c = self.deferred_r2c, []
@@ -908,7 +939,7 @@ class Link(asyncio.Protocol):
 
     def _inject_r2c(self, chunk: Buf) -> None:
         """A frame of our own for the client; never inside the runtime's open header block."""
-        if self.r_open:
+        if self.r_block.open:
             self.deferred_r2c.append(chunk)
         else:
             self._to_client(chunk)
@@ -951,28 +982,20 @@ class Link(asyncio.Protocol):
         self._inject_c2r(h2.window_update(0, flow))
 
     def _runtime_headers(self, ftype: int, flags: int, sid: int, buf: Buf, start: int, end: int) -> int:
-        if ftype == h2.HEADERS:
-            self.r_sid, self.r_end = sid, bool(flags & h2.END_STREAM)
-            self.r_frags = [] if self.r_dec is None else [h2.header_fragment(flags, bytes(buf[start:end]))]
-        elif self.r_dec is not None:
-            self.r_frags.append(buf[start:end])
-        self.r_open = not flags & h2.END_HEADERS
-        if self.r_open:
+        block = self.r_block
+        if not block.feed(ftype, flags, sid, buf, start, end):
             return _PASS
-        headers: list[tuple[bytes, bytes]] | None = None
-        if self.r_dec is not None:
-            try:
-                headers = cast(_Headers, self.r_dec.decode(b"".join(self.r_frags), raw=True))
-            except hpack.HPACKError as exc:
-                self._fatal(f"runtime header block does not decode: {exc}")
-                return _SKIP
-            self.r_frags = []
-        if self.r_end:
-            self.dropping.discard(self.r_sid)
-        st = self.streams.get(self.r_sid)
+        try:
+            headers = block.decode()
+        except hpack.HPACKError as exc:
+            self._fatal(f"runtime header block does not decode: {exc}")
+            return _SKIP
+        if block.end:
+            self.dropping.discard(block.sid)
+        st = self.streams.get(block.sid)
         if st is not None:
             st.responded = True
-            if self.r_end:
+            if block.end:
                 del self.streams[st.id]
                 if st.measured and headers is not None:
                     self._measure(st, _status(headers), upstream=True)
@@ -1009,19 +1032,15 @@ class Link(asyncio.Protocol):
                         self._pump(st)
             elif ident == h2.SETTINGS_MAX_FRAME_SIZE:
                 self.max_frame = value
-            elif ident == h2.SETTINGS_HEADER_TABLE_SIZE and self.c_dec is not None:
-                self.c_dec.max_allowed_table_size = value
+            elif ident == h2.SETTINGS_HEADER_TABLE_SIZE and self.c_block.dec is not None:
+                self.c_block.dec.max_allowed_table_size = value
         return _PASS
 
     def _runtime_reset(self, sid: int) -> int:
-        st = self.streams.pop(sid, None)
-        if st is not None and st.hook is not None:
-            if st.hook.task is not None and not st.hook.finished:
-                st.hook.task.cancel()
-            self._settle(st.hook)
-            if st.hook.request is not None and st.hook.hooks.failed is not None:
-                failed = st.hook.hooks.failed
-                self._spawn(_run_observer(failed, st.hook.request, grpc.StatusCode.CANCELLED, st.hook.info))
+        st = self._reset(sid)
+        hook = None if st is None else st.hook
+        if hook is not None and hook.request is not None and hook.hooks.failed is not None:
+            self._spawn(_run_observer(hook.hooks.failed, hook.request, grpc.StatusCode.CANCELLED, hook.info))
         self.dropping.discard(sid)
         return _PASS
 
@@ -1049,7 +1068,7 @@ class Link(asyncio.Protocol):
         message = f"cri-proxy: {why}"
         if self.streams:
             logger.warning("{} ({} calls open)", message, len(self.streams))
-        if self.client is not None and not self.r_open:  # mid header block nothing may be added
+        if self.client is not None and not self.r_block.open:  # mid header block nothing may be added
             self.client.writelines(
                 [
                     h2.status_frames(sid, _UNAVAILABLE, message, not st.responded, h2.DEFAULT_MAX_FRAME_SIZE)
@@ -1072,7 +1091,7 @@ class Link(asyncio.Protocol):
             return
         reason = f": {exc}" if exc else ""
         self._end_open_calls(f"lost the connection to runtime {self.relay.endpoint}{reason}")
-        if not self.goaway_forwarded and not self.r_open:
+        if not self.goaway_forwarded and not self.r_block.open:
             self.client.write(h2.goaway(self.last_stream, h2.NO_ERROR))
         self.client.close()
 

@@ -194,6 +194,10 @@ class Forwarder(GenericHandler):
                 if hooks.failed is not None and message is not None:
                     await _observe(hooks.failed, message, error.code(), info)
                 await self._abort(context, error)
+            except asyncio.CancelledError:  # the caller went away: roll back as for a failure
+                if hooks.failed is not None and message is not None:
+                    await _observe(hooks.failed, message, grpc.StatusCode.CANCELLED, info)
+                raise
             UPSTREAM_SECONDS.set(perf_counter() - began)
             if hooks.post is not None and message is not None:
                 try:

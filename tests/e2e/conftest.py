@@ -12,6 +12,7 @@ Not root or no way to install containerd: the tests fail in CI (CI=true) and are
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from containerd import (
@@ -157,6 +158,11 @@ class ProxyProcess:
             time.sleep(0.05)
         raise E2EError(f"cri-proxy did not listen on {self.socket}: {self.log_path.read_text()[-2000:]}")
 
+    def ctl_json(self, *args: str) -> Any:
+        """`cri-proxy ctl -r <this proxy> ARGS`, which must succeed; its output read as JSON."""
+        argv = [self.args[0], "ctl", "-r", self.address, *args]
+        return json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout)
+
     def stop(self) -> int | None:
         if self.proc is None:
             return None
@@ -203,3 +209,19 @@ def via_proxy_and_direct(
         connect(containerd.address, request.param) as direct,
     ):
         yield through, direct
+
+
+@pytest.fixture
+def enforcer(request: pytest.FixtureRequest, containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
+    """A `cri-proxy serve` that enforces (no --dry-run) in front of the session's containerd, one per test.
+
+    Named after the test module (test_faults_containerd.py: "faults"), so each module has a state dir
+    of its own. Afterwards the kubelet state file a test may have written is removed.
+    """
+    name = request.path.stem.removeprefix("test_").removesuffix("_containerd")
+    process = ProxyProcess(containerd, name=name).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        (containerd.workdir / "cpu_manager_state").unlink(missing_ok=True)

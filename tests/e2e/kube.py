@@ -193,3 +193,34 @@ def qos_of(parent: str) -> QoS:
     if len(parts) >= 2 and parts[1] in ("burstable", "besteffort"):
         return "burstable" if parts[1] == "burstable" else "besteffort"
     return "guaranteed"
+
+
+def start_pod(
+    api: ModuleType,
+    rt: Any,
+    name: str,
+    qos: QoS = "burstable",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    *,
+    uid: str | None = None,
+    log_root: str | Path | None = None,
+    start: bool = True,
+    timeout: float = 30,
+) -> tuple[str, str, Any]:
+    """A pod with one container ``app``, as kubelet runs it through ``rt`` (a RuntimeService stub):
+    RunPodSandbox, CreateContainer and (``start``) StartContainer. Returns (pod id, container id,
+    the ``PodSandboxConfig``)."""
+    pod = pod_sandbox_config(
+        api, name, qos=qos, uid=uid, labels=labels, annotations=annotations, log_root=log_root
+    )
+    pod_id = rt.RunPodSandbox(api.RunPodSandboxRequest(config=pod), timeout=timeout).pod_sandbox_id
+    cid = rt.CreateContainer(
+        api.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=container_config(api, pod, "app"), sandbox_config=pod
+        ),
+        timeout=timeout,
+    ).container_id
+    if start:
+        rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=timeout)
+    return str(pod_id), str(cid), pod

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from containerd import CriClient, PrivateContainerd, connect, read_container_cpuset
-from kube import CONTAINER_NAME, POD_UID, container_config, pod_sandbox_config
+from kube import CONTAINER_NAME, POD_UID, container_config, pod_sandbox_config, start_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -92,15 +92,7 @@ def test_containers_survive_containerd_restart(containerd: PrivateContainerd, ho
     """
     with connect(containerd.address) as cri:
         api, rt = cri.api, cri.runtime
-        pod = pod_sandbox_config(api, f"survivor-{how}", qos="guaranteed", log_root=containerd.pod_log_dir)
-        pod_id = rt.RunPodSandbox(api.RunPodSandboxRequest(config=pod), timeout=30).pod_sandbox_id
-        ctr_id = rt.CreateContainer(
-            api.CreateContainerRequest(
-                pod_sandbox_id=pod_id, config=container_config(api, pod, "app"), sandbox_config=pod
-            ),
-            timeout=30,
-        ).container_id
-        rt.StartContainer(api.StartContainerRequest(container_id=ctr_id), timeout=30)
+        _, ctr_id, _ = start_pod(api, rt, f"survivor-{how}", "guaranteed", log_root=containerd.pod_log_dir)
         verbose = api.ContainerStatusRequest(container_id=ctr_id, verbose=True)
         pid = json.loads(rt.ContainerStatus(verbose, timeout=5).info["info"])["pid"]
 

@@ -11,67 +11,26 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ProxyProcess
 from containerd import CriClient, PrivateContainerd, connect, read_container_cpuset
-from kube import container_config, pod_sandbox_config
+from kube import start_pod
 
 pytestmark = pytest.mark.e2e
 
-CLI = str(Path(sys.executable).parent / "cri-proxy")
 QOS = "koordinator.sh/qosClass"
 ALLOC = "scheduling.koordinator.sh/resource-status"
 
 
-@pytest.fixture
-def enforcer(containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
-    process = ProxyProcess(containerd, name="enforcer").start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-def _start_pod(
-    cri: CriClient,
-    containerd: PrivateContainerd,
-    name: str,
-    qos: str,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    start: bool = True,
-) -> tuple[str, str, Any]:
-    api, rt = cri.api, cri.runtime
-    pod = pod_sandbox_config(
-        api, name, qos=qos, labels=labels, annotations=annotations, log_root=containerd.pod_log_dir
-    )  # type: ignore[arg-type]
-    pod_id = rt.RunPodSandbox(api.RunPodSandboxRequest(config=pod), timeout=30).pod_sandbox_id
-    cid = rt.CreateContainer(
-        api.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=container_config(api, pod, "app"), sandbox_config=pod
-        ),
-        timeout=30,
-    ).container_id
-    if start:
-        rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=30)
-    return pod_id, cid, pod
+def _start_pod(cri: CriClient, containerd: PrivateContainerd, *args: Any, **kw: Any) -> tuple[str, str, Any]:
+    """`kube.start_pod` through `cri`, the pod's logs in the test bed's dir."""
+    return start_pod(cri.api, cri.runtime, *args, log_root=containerd.pod_log_dir, **kw)
 
 
 def _ctl_cpusets(proxy: ProxyProcess) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [CLI, "ctl", "-r", proxy.address, "cpusets", "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    rows: list[dict[str, Any]] = json.loads(out.stdout)
+    rows: list[dict[str, Any]] = proxy.ctl_json("cpusets", "-o", "json")
     return rows
 
 
@@ -150,15 +109,7 @@ def test_a_pod_with_a_broken_annotation_still_starts(
         status = cri.runtime.ContainerStatus(cri.api.ContainerStatusRequest(container_id=cid), timeout=10)
         assert status.status.state == cri.api.CONTAINER_RUNNING
         assert read_container_cpuset(pod.linux.cgroup_parent, cid) == "0-1"  # the LS rule, annotation ignored
-    problems = json.loads(
-        subprocess.run(
-            [CLI, "ctl", "-r", enforcer.address, "plan"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    )["problems"]
+    problems = enforcer.ctl_json("plan")["problems"]
     assert {p["kind"] for p in problems} >= {"bad-annotation", "missing-cpuset"}
 
 

@@ -5,25 +5,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
 from conftest import ProxyProcess
 from containerd import PrivateContainerd, connect, read_container_cpuset
-from kube import container_config, pod_sandbox_config
+from kube import start_pod
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def enforcer(containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
-    process = ProxyProcess(containerd, name="faults").start()
-    try:
-        yield process
-    finally:
-        process.stop()
-        (containerd.workdir / "cpu_manager_state").unlink(missing_ok=True)
 
 
 def _wait(predicate: object, timeout: float = 20.0, what: str = "condition") -> None:
@@ -43,15 +32,7 @@ def test_containerd_restart_under_the_proxy(containerd: PrivateContainerd, enfor
         api, rt = cri.api, cri.runtime
         placed = {}
         for name, qos in (("be", "besteffort"), ("ls", "burstable")):
-            pod = pod_sandbox_config(api, name, qos=qos, log_root=containerd.pod_log_dir)  # type: ignore[arg-type]
-            pod_id = rt.RunPodSandbox(api.RunPodSandboxRequest(config=pod), timeout=30).pod_sandbox_id
-            cid = rt.CreateContainer(
-                api.CreateContainerRequest(
-                    pod_sandbox_id=pod_id, config=container_config(api, pod, "app"), sandbox_config=pod
-                ),
-                timeout=30,
-            ).container_id
-            rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=30)
+            _, cid, pod = start_pod(api, rt, name, qos, log_root=containerd.pod_log_dir)  # type: ignore[arg-type]
             placed[cid] = pod.linux.cgroup_parent
         assert {read_container_cpuset(parent, cid) for cid, parent in placed.items()} == {"0-1"}
 

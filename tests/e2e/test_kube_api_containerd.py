@@ -9,18 +9,16 @@ to CPU 0 in the API: the containers' cgroup cpusets swap, and `ctl plan` says wh
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import ProxyProcess
-from containerd import CriClient, PrivateContainerd, connect, read_container_cpuset
-from kube import container_config, pod_sandbox_config
+from containerd import PrivateContainerd, connect, read_container_cpuset
+from kube import start_pod
 
 try:
     from tests.unit.kube_api_server import KubeApiServer
@@ -30,7 +28,6 @@ except ImportError:  # run as `pytest tests/e2e/...` without the repository on s
 
 pytestmark = pytest.mark.e2e
 
-CLI = str(Path(sys.executable).parent / "cri-proxy")
 QOS = "koordinator.sh/qosClass"
 ALLOC = "scheduling.koordinator.sh/resource-status"
 NODE = "e2e-node"
@@ -58,30 +55,6 @@ def follower(
         assert code == 0, f"cri-proxy exited {code}: {process.log_path.read_text()[-2000:]}"
 
 
-def _start_pod(
-    cri: CriClient,
-    containerd: PrivateContainerd,
-    name: str,
-    qos: str,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    uid: str | None = None,
-) -> tuple[str, Any]:
-    api, rt = cri.api, cri.runtime
-    pod = pod_sandbox_config(
-        api, name, qos=qos, uid=uid, labels=labels, annotations=annotations, log_root=containerd.pod_log_dir
-    )  # type: ignore[arg-type]
-    pod_id = rt.RunPodSandbox(api.RunPodSandboxRequest(config=pod), timeout=30).pod_sandbox_id
-    cid = rt.CreateContainer(
-        api.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=container_config(api, pod, "app"), sandbox_config=pod
-        ),
-        timeout=30,
-    ).container_id
-    rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=30)
-    return cid, pod
-
-
 def _eventually(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -100,9 +73,11 @@ def test_a_rebind_in_the_api_moves_the_cgroup_cpusets(
     assert lists[0].params["fieldSelector"] == f"spec.nodeName={NODE}"
 
     with connect(follower.address) as cri:
-        ls, ls_pod = _start_pod(cri, containerd, "ls", "burstable")
-        lsr, lsr_pod = _start_pod(
-            cri, containerd, "lsr", "guaranteed", {QOS: "LSR"}, {ALLOC: json.dumps({"cpuset": "1"})}, uid=uid
+        logs = containerd.pod_log_dir
+        _, ls, ls_pod = start_pod(cri.api, cri.runtime, "ls", "burstable", log_root=logs)
+        lsr_alloc = {ALLOC: json.dumps({"cpuset": "1"})}
+        _, lsr, lsr_pod = start_pod(
+            cri.api, cri.runtime, "lsr", "guaranteed", {QOS: "LSR"}, lsr_alloc, uid=uid, log_root=logs
         )
 
         def cpus() -> tuple[str, str]:
@@ -116,15 +91,7 @@ def test_a_rebind_in_the_api_moves_the_cgroup_cpusets(
         api_server.annotate(uid, {ALLOC: json.dumps({"cpuset": "0"})})  # the scheduler re-binds
         _eventually(lambda: cpus() == ("0", "1"), "the LSR container on CPU 0, the LS one on 1")
 
-    plan = json.loads(
-        subprocess.run(
-            [CLI, "ctl", "-r", follower.address, "plan"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    )
+    plan = follower.ctl_json("plan")
     assert plan["containers"][lsr]["cpuset_cpus"] == "0"
     assert plan["containers"][lsr]["why"].endswith("(allocation from the Kubernetes API)")
     assert "api-unreachable" not in {p["kind"] for p in plan["problems"]}

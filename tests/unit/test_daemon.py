@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,10 +16,9 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
+from tests.processes import ctl_json, start_fake_runtime, start_proxy, stop
 from tests.processes import wait_until as _wait
 from tests.unit.enforce_support import fake_sysfs
-
-CLI = str(Path(sys.executable).parent / "cri-proxy")
 
 
 def _free_port() -> int:
@@ -35,41 +32,25 @@ class Daemon:
 
     def __init__(self, tmp: Path, config: str = "", env: dict[str, str] | None = None, *extra: str) -> None:
         self.tmp = tmp
-        self.runtime_sock = tmp / "runtime.sock"
-        self.sock = tmp / "proxy.sock"
         self.config = tmp / "config.toml"
         self.config.write_text(config)
-        self.fake = subprocess.Popen(
-            [CLI, "fake-runtime", "--listen", f"unix://{self.runtime_sock}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait(self.runtime_sock.exists, what="fake runtime")
+        self.fake, self.runtime_sock = start_fake_runtime(tmp)
         self.log = tmp / "proxy.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    CLI,
-                    "serve",
-                    "--config",
-                    str(self.config),
-                    "--listen",
-                    f"unix://{self.sock}",
-                    "--runtime-endpoint",
-                    f"unix://{self.runtime_sock}",
-                    "--state-dir",
-                    str(tmp / "state"),
-                    "--kubelet-state-file",
-                    str(tmp / "cms"),
-                    "--sysfs-root",
-                    str(fake_sysfs(tmp / "sys", {0: "0-7", 1: "8-15"})),
-                    *extra,
-                ],
-                stdout=log,
-                stderr=log,
-                env={**os.environ, **(env or {})},
+        sysfs = fake_sysfs(tmp / "sys", {0: "0-7", 1: "8-15"})
+        try:
+            self.proc, self.sock = start_proxy(
+                tmp,
+                self.runtime_sock,
+                "--sysfs-root",
+                str(sysfs),
+                *extra,
+                config=self.config,
+                log=self.log,
+                env=env,
             )
-        _wait(self.sock.exists, what="proxy socket")
+        except BaseException:
+            stop(self.fake)
+            raise
 
     def logs(self) -> str:
         return self.log.read_text()
@@ -78,19 +59,11 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(20)
-        self.fake.terminate()
-        self.fake.wait(10)
+        stop(self.fake)
         return code
 
     def plan(self) -> dict[str, object]:
-        out = subprocess.run(
-            [CLI, "ctl", "-r", f"unix://{self.sock}", "plan"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        result: dict[str, object] = json.loads(out.stdout)
+        result: dict[str, object] = ctl_json(f"unix://{self.sock}", "plan")
         return result
 
 

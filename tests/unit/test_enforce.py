@@ -261,3 +261,46 @@ def test_v1alpha2_calls_are_enforced_too(tmp_path: Path) -> None:
             assert (n.cpuset(lsr["main"]), n.cpuset(ls["main"])) == ("4-7", "0-3,8-15")
 
     run(main())
+
+
+@pytest.mark.parametrize("mode", ["frames", "grpc"])
+@pytest.mark.parametrize("where", ["waiting-for-exclusivity", "at-the-runtime"])
+def test_a_cancelled_create_container_leaves_nothing_pending(tmp_path: Path, mode: str, where: str) -> None:
+    """kubelet gives up on a CreateContainer (deadline): no half-created container stays in the state."""
+
+    async def main() -> None:
+        slow = FakeOptions(
+            listen=f"unix://{tmp_path}/runtime.sock",
+            update_latency=2.0 if where == "waiting-for-exclusivity" else 0.0,
+            create_latency=2.0 if where == "at-the-runtime" else 0.0,
+        )
+        fake = FakeRuntime(slow)
+        await fake.start()
+        try:
+            async with node(tmp_path, fake=fake, relay_mode=mode) as n:
+                await n.run_pod("ls", "burstable")
+                pb, rt = n.pb, n.stub()
+                config = pb.PodSandboxConfig(
+                    metadata=pb.PodSandboxMetadata(name="lsr", uid="uid-lsr", namespace="default"),
+                    labels=LSR,
+                    annotations=alloc("0-1"),
+                    linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/poduid-lsr"),
+                )
+                sandbox = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config))).pod_sandbox_id
+                create = pb.CreateContainerRequest(
+                    pod_sandbox_id=sandbox,
+                    sandbox_config=config,
+                    config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="main")),
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await rt.CreateContainer(create, timeout=0.3)
+                assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                for _ in range(100):
+                    if not [c for c in n.proxy.state.containers() if c.id.startswith("pending/")]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert not [c.id for c in n.proxy.state.containers() if c.id.startswith("pending/")]
+        finally:
+            await fake.stop(0)
+
+    run(main())

@@ -5,45 +5,25 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
+from tests.processes import serve_command, start_fake_runtime, start_proxy, stop
 from tests.processes import wait_until as _wait
 from tests.unit.enforce_support import fake_sysfs
 
-CLI = str(Path(sys.executable).parent / "cri-proxy")
 ALLOC = "scheduling.koordinator.sh/resource-status"
 
 
 def _serve(tmp: Path, runtime: Path, state_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    sock = tmp / "proxy.sock"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                CLI,
-                "serve",
-                "--config",
-                "/dev/null",
-                "--listen",
-                f"unix://{sock}",
-                "--runtime-endpoint",
-                f"unix://{runtime}",
-                "--state-dir",
-                str(state_dir),
-                "--kubelet-state-file",
-                str(tmp / "cms"),
-                "--sysfs-root",
-                str(fake_sysfs(tmp / "sys", {0: "0-7", 1: "8-15"})),
-            ],
-            stdout=out,
-            stderr=out,
-        )
-    _wait(lambda: sock.exists() and proc.poll() is None, what="proxy socket")
+    sysfs = fake_sysfs(tmp / "sys", {0: "0-7", 1: "8-15"})
+    proxy = start_proxy(
+        tmp, runtime, "--sysfs-root", str(sysfs), state_dir=state_dir, kubelet_state_file=tmp / "cms", log=log
+    )
     time.sleep(0.2)
-    return proc, sock
+    return proxy
 
 
 def _pod(client: CriClient, name: str, labels: dict[str, str], annotations: dict[str, str]) -> str:
@@ -70,15 +50,9 @@ def _pod(client: CriClient, name: str, labels: dict[str, str], annotations: dict
 
 
 def test_proxy_killed_in_the_middle_of_a_reconcile_pass_converges_after_restart(tmp_path: Path) -> None:
-    runtime = tmp_path / "runtime.sock"
-    fake = subprocess.Popen(
-        [CLI, "fake-runtime", "--listen", f"unix://{runtime}", "--update-latency-ms", "300"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    fake, runtime = start_fake_runtime(tmp_path, "--update-latency-ms", "300")
     log = tmp_path / "proxy.log"
     try:
-        _wait(runtime.exists, what="fake runtime")
         proxy, sock = _serve(tmp_path, runtime, tmp_path / "state", log)
         with CriClient(f"unix://{sock}") as client:
             ls = [_pod(client, f"ls{i}", {}, {}) for i in range(12)]
@@ -121,22 +95,15 @@ def test_proxy_killed_in_the_middle_of_a_reconcile_pass_converges_after_restart(
         proxy.send_signal(signal.SIGTERM)
         assert proxy.wait(20) == 0
     finally:
-        fake.terminate()
-        fake.wait(10)
+        stop(fake)
 
 
 def test_a_state_directory_that_cannot_be_written_costs_the_checkpoint_only(tmp_path: Path) -> None:
-    runtime = tmp_path / "runtime.sock"
-    fake = subprocess.Popen(
-        [CLI, "fake-runtime", "--listen", f"unix://{runtime}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    fake, runtime = start_fake_runtime(tmp_path)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the state directory's parent should be")
     log = tmp_path / "proxy.log"
     try:
-        _wait(runtime.exists, what="fake runtime")
         proxy, sock = _serve(tmp_path, runtime, blocker / "state", log)
         with CriClient(f"unix://{sock}") as client:
             _pod(client, "ls", {}, {})
@@ -150,69 +117,25 @@ def test_a_state_directory_that_cannot_be_written_costs_the_checkpoint_only(tmp_
         proxy.send_signal(signal.SIGTERM)
         assert proxy.wait(20) == 0
     finally:
-        fake.terminate()
-        fake.wait(10)
+        stop(fake)
 
 
 def test_the_socket_directory_must_not_be_world_writable(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    out = subprocess.run(
-        [
-            CLI,
-            "serve",
-            "--config",
-            "/dev/null",
-            "--listen",
-            f"unix://{shared}/proxy.sock",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--kubelet-state-file",
-            str(tmp_path / "cms"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    argv = serve_command(tmp_path, None, listen=shared / "proxy.sock")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert out.returncode != 0
     assert "world-writable" in out.stderr and str(shared) in out.stderr
     assert not (shared / "proxy.sock").exists()
 
 
 def test_debug_logs_never_show_environment_values(tmp_path: Path) -> None:
-    runtime = tmp_path / "runtime.sock"
-    fake = subprocess.Popen(
-        [CLI, "fake-runtime", "--listen", f"unix://{runtime}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    sock = tmp_path / "proxy.sock"
+    fake, runtime = start_fake_runtime(tmp_path)
     log = tmp_path / "proxy.log"
     try:
-        _wait(runtime.exists, what="fake runtime")
-        with log.open("wb") as out:
-            proxy = subprocess.Popen(
-                [
-                    CLI,
-                    "serve",
-                    "--config",
-                    "/dev/null",
-                    "--listen",
-                    f"unix://{sock}",
-                    "--runtime-endpoint",
-                    f"unix://{runtime}",
-                    "--state-dir",
-                    str(tmp_path / "state"),
-                    "--kubelet-state-file",
-                    str(tmp_path / "cms"),
-                    "--log-level",
-                    "DEBUG",
-                ],
-                stdout=out,
-                stderr=out,
-            )
-        _wait(sock.exists, what="proxy socket")
+        proxy, sock = start_proxy(tmp_path, runtime, "--log-level", "DEBUG", log=log)
         with CriClient(f"unix://{sock}") as client:
             pb = client.pb
             config = pb.PodSandboxConfig(
@@ -233,8 +156,7 @@ def test_debug_logs_never_show_environment_values(tmp_path: Path) -> None:
         proxy.send_signal(signal.SIGTERM)
         proxy.wait(20)
     finally:
-        fake.terminate()
-        fake.wait(10)
+        stop(fake)
     text = log.read_text()
     assert "DB_PASSWORD" in text and "<redacted>" in text  # the dump is there...
     assert "hunter2-s3cret" not in text  # ...without the value

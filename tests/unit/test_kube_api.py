@@ -61,6 +61,20 @@ async def api_node(tmp: Path, server: KubeApiServer, **config: Any) -> AsyncIter
         yield n
 
 
+@contextlib.asynccontextmanager
+async def lsr_pod_on_2_3(
+    tmp: Path,
+) -> AsyncIterator[tuple[KubeApiServer, Node, KubeApiWatcher, dict[str, str]]]:
+    """The API has an LSR pod allocated 2-3; a node follows the API (listed and watching) and runs
+    that pod through CRI: (the API server, the node, its watcher, the pod's containers by name)."""
+    with KubeApiServer() as server:
+        server.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
+        async with api_node(tmp, server) as n:
+            api = await synced(n)
+            _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
+            yield server, n, api, lsr
+
+
 async def problem_kinds(n: Node) -> list[str]:
     return [p["kind"] for p in (await n.introspect("Plan"))["problems"]]
 
@@ -135,54 +149,46 @@ def test_a_qos_label_change_in_the_api_makes_the_pod_exclusive(tmp_path: Path) -
 # -- the protocol -----------------------------------------------------------------------------------
 def test_410_gone_on_the_watch_lists_again(tmp_path: Path) -> None:
     async def main() -> None:
-        with KubeApiServer() as server:
-            server.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
-            async with api_node(tmp_path, server) as n:
-                api = await synced(n)
-                _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
-                # a change whose event was lost to compaction: only a new list can see it
-                server.annotate("uid-lsr", alloc("6-7"), emit=False)
-                await asyncio.sleep(0.1)
-                assert n.cpuset(lsr["main"]) == "2-3"
-                server.expire()  # the open watch gets an ERROR event with code 410
-                await eventually(lambda: n.cpuset(lsr["main"]) == "6-7", "the re-listed allocation applied")
-                assert api.lists == 2
-                assert api.problem is None
+        async with lsr_pod_on_2_3(tmp_path) as (server, n, api, lsr):
+            # a change whose event was lost to compaction: only a new list can see it
+            server.annotate("uid-lsr", alloc("6-7"), emit=False)
+            await asyncio.sleep(0.1)
+            assert n.cpuset(lsr["main"]) == "2-3"
+            server.expire()  # the open watch gets an ERROR event with code 410
+            await eventually(lambda: n.cpuset(lsr["main"]) == "6-7", "the re-listed allocation applied")
+            assert api.lists == 2
+            assert api.problem is None
 
-                # the same when the watch request itself is answered 410
-                server.annotate("uid-lsr", alloc("8-9"), emit=False)
-                server.gone_http_next()
-                server.drop_watches()
-                await eventually(lambda: n.cpuset(lsr["main"]) == "8-9", "re-listed after an HTTP 410")
-                assert api.lists == 3
-                statuses = [r.status for r in server.watch_requests()]
-                assert 410 in statuses
-                await eventually(lambda: server.open_watches == 1, "watching again")
-                assert api.problem is None
+            # the same when the watch request itself is answered 410
+            server.annotate("uid-lsr", alloc("8-9"), emit=False)
+            server.gone_http_next()
+            server.drop_watches()
+            await eventually(lambda: n.cpuset(lsr["main"]) == "8-9", "re-listed after an HTTP 410")
+            assert api.lists == 3
+            statuses = [r.status for r in server.watch_requests()]
+            assert 410 in statuses
+            await eventually(lambda: server.open_watches == 1, "watching again")
+            assert api.problem is None
 
     run(main())
 
 
 def test_a_dropped_watch_resumes_from_the_last_resource_version(tmp_path: Path) -> None:
     async def main() -> None:
-        with KubeApiServer() as server:
-            server.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
-            async with api_node(tmp_path, server) as n:
-                api = await synced(n)
-                _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
-                server.annotate("uid-lsr", alloc("4-5"))
-                await eventually(lambda: n.cpuset(lsr["main"]) == "4-5", "first re-bind")
-                last = str(server.resource_version)
-                assert api.resource_version == last
-                watches_before = len(server.watch_requests())
+        async with lsr_pod_on_2_3(tmp_path) as (server, n, api, lsr):
+            server.annotate("uid-lsr", alloc("4-5"))
+            await eventually(lambda: n.cpuset(lsr["main"]) == "4-5", "first re-bind")
+            last = str(server.resource_version)
+            assert api.resource_version == last
+            watches_before = len(server.watch_requests())
 
-                assert server.drop_watches() == 1  # cut in the middle of a chunk
-                server.annotate("uid-lsr", alloc("10-11"))  # while (or just after) it is down
-                await eventually(lambda: n.cpuset(lsr["main"]) == "10-11", "the event after the drop")
-                resumed = server.watch_requests()[watches_before]
-                assert resumed.params["resourceVersion"] == last
-                assert len(server.list_requests()) == 1  # resumed, not re-listed
-                assert api.problem is None
+            assert server.drop_watches() == 1  # cut in the middle of a chunk
+            server.annotate("uid-lsr", alloc("10-11"))  # while (or just after) it is down
+            await eventually(lambda: n.cpuset(lsr["main"]) == "10-11", "the event after the drop")
+            resumed = server.watch_requests()[watches_before]
+            assert resumed.params["resourceVersion"] == last
+            assert len(server.list_requests()) == 1  # resumed, not re-listed
+            assert api.problem is None
 
     run(main())
 
@@ -239,21 +245,17 @@ def test_api_down_at_start_cri_still_works_then_the_watcher_catches_up(tmp_path:
 
 def test_a_bad_annotation_from_the_api_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     async def main() -> None:
-        with KubeApiServer() as server:
-            server.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
-            async with api_node(tmp_path, server) as n:
-                api = await synced(n)
-                _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
-                server.annotate("uid-lsr", {ALLOC: '{"cpuset": '})
-                await eventually(lambda: n.cpuset(lsr["main"]) == "0-15", "the LS rule for a bad annotation")
-                problems = (await n.introspect("Plan"))["problems"]
-                assert {(p["pod"], p["kind"]) for p in problems} >= {
-                    ("default/lsr", "bad-annotation"),
-                    ("default/lsr", "missing-cpuset"),
-                }
-                server.annotate("uid-lsr", alloc("4-5"))  # the watcher is still there
-                await eventually(lambda: n.cpuset(lsr["main"]) == "4-5", "the fixed annotation applied")
-                assert api.problem is None
+        async with lsr_pod_on_2_3(tmp_path) as (server, n, api, lsr):
+            server.annotate("uid-lsr", {ALLOC: '{"cpuset": '})
+            await eventually(lambda: n.cpuset(lsr["main"]) == "0-15", "the LS rule for a bad annotation")
+            problems = (await n.introspect("Plan"))["problems"]
+            assert {(p["pod"], p["kind"]) for p in problems} >= {
+                ("default/lsr", "bad-annotation"),
+                ("default/lsr", "missing-cpuset"),
+            }
+            server.annotate("uid-lsr", alloc("4-5"))  # the watcher is still there
+            await eventually(lambda: n.cpuset(lsr["main"]) == "4-5", "the fixed annotation applied")
+            assert api.problem is None
 
     run(main())
 

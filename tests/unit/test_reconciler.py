@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -51,13 +52,19 @@ def node_with(ls_containers: int, lsr_cpus: str | None = "0-1") -> NodeState:
     return state
 
 
+def reconciler(state: NodeState, send: Recorder, **options: Any) -> Reconciler:
+    """A reconciler for `state` on TOPOLOGY, nothing reserved, updates sent to `send`."""
+    return Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, **options)
+
+
 class Recorder:
     """A runtime stand-in for UpdateContainerResources: records calls, can fail or block."""
 
-    def __init__(self, failures: list[grpc.StatusCode] | None = None) -> None:
+    def __init__(self, failures: list[grpc.StatusCode] | None = None, gated: bool = False) -> None:
+        """`gated`: every call waits until `gate` is set."""
         self.calls: list[tuple[str, v1.LinuxContainerResources]] = []
         self.failures = list(failures or [])
-        self.gate: asyncio.Event | None = None
+        self.gate: asyncio.Event | None = asyncio.Event() if gated else None
         self.active = 0
         self.peak = 0
 
@@ -79,7 +86,7 @@ def test_updates_carry_full_resources_with_bounded_concurrency() -> None:
     async def main() -> None:
         state = node_with(20)
         send = Recorder()
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, concurrency=3)
+        r = reconciler(state, send, concurrency=3)
         result = await r.pass_once()
         assert result.updated == 20 and send.peak <= 3
         assert {cid for cid, _ in send.calls} == {f"c{i}" for i in range(20)}
@@ -100,12 +107,12 @@ def test_transient_errors_are_retried_permanent_ones_are_not() -> None:
     async def main() -> None:
         state = node_with(1)
         send = Recorder([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED])
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send)
+        r = reconciler(state, send)
         assert (await r.pass_once()).updated == 1
         assert len(send.calls) == 3
         state2 = node_with(1)
         send2 = Recorder([grpc.StatusCode.INVALID_ARGUMENT])
-        r2 = Reconciler(state2, Policy(state2, TOPOLOGY, CPUSet(), CPUSet()), send2)
+        r2 = reconciler(state2, send2)
         result = await r2.pass_once()
         assert (result.updated, result.failed, len(send2.calls)) == (0, 1, 1)
         assert state2.container("c0").applied == "0-15"  # type: ignore[union-attr]  # tried again next pass
@@ -117,7 +124,7 @@ def test_a_container_the_runtime_no_longer_has_is_forgotten() -> None:
     async def main() -> None:
         state = node_with(2)
         send = Recorder([grpc.StatusCode.NOT_FOUND])
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, concurrency=1)
+        r = reconciler(state, send, concurrency=1)
         result = await r.pass_once()
         assert (result.updated, result.dropped) == (1, 1)
         assert len(state.containers()) == 1
@@ -128,9 +135,8 @@ def test_a_container_the_runtime_no_longer_has_is_forgotten() -> None:
 def test_a_burst_of_requests_during_a_pass_gives_one_more_pass() -> None:
     async def main() -> None:
         state = node_with(1)
-        send = Recorder()
-        send.gate = asyncio.Event()
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, period=0)
+        send = Recorder(gated=True)
+        r = reconciler(state, send, period=0)
         task = asyncio.ensure_future(r.run())
         first = r.request()
         while not send.active:
@@ -148,9 +154,8 @@ def test_a_burst_of_requests_during_a_pass_gives_one_more_pass() -> None:
 def test_wait_for_times_out_when_the_runtime_hangs() -> None:
     async def main() -> None:
         state = node_with(1)
-        send = Recorder()
-        send.gate = asyncio.Event()
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, period=0)
+        send = Recorder(gated=True)
+        r = reconciler(state, send, period=0)
         task = asyncio.ensure_future(r.run())
         assert not await r.wait_for(r.request(), 0.2)
         send.gate.set()
@@ -168,7 +173,7 @@ def test_drift_behind_the_proxys_back_is_repaired() -> None:
             return actual[c.id]
 
         send = Recorder()
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, read_actual=read)
+        r = reconciler(state, send, read_actual=read)
         assert (await r.pass_once()).updated == 0  # by our records all is well
         assert await r.refresh_applied() == 1
         assert (await r.pass_once()).updated == 1
@@ -182,7 +187,7 @@ def test_dry_run_sends_nothing(dry_run: bool) -> None:
     async def main() -> None:
         state = node_with(3)
         send = Recorder()
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, dry_run=dry_run)
+        r = reconciler(state, send, dry_run=dry_run)
         result = await r.pass_once()
         assert (len(send.calls), result.would_update) == ((0, 3) if dry_run else (3, 0))
 
@@ -194,7 +199,7 @@ def test_containers_with_unknown_resources_are_not_sent_a_bare_cpuset() -> None:
         state = node_with(1)
         state.put_container(ContainerRecord("bare", "s0", "side", b"", ContainerState.RUNNING, applied=None))
         send = Recorder()
-        r = Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send)
+        r = reconciler(state, send)
         await r.pass_once()
         assert [cid for cid, _ in send.calls] == ["c0"]
 

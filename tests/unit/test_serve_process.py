@@ -7,7 +7,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,45 +17,27 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
-from tests.processes import wait_for_socket as _wait_for_socket
-
-CLI = str(Path(sys.executable).parent / "cri-proxy")
-
-
-def _start(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+from tests.processes import (
+    CLI,
+    ctl_json,
+    serve_command,
+    start,
+    start_fake_runtime,
+    start_proxy,
+    stop,
+    wait_for_socket,
+)
 
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[Path]:
-    sock = tmp_path / "runtime.sock"
-    proc = _start(["fake-runtime", "--listen", f"unix://{sock}", "--latency-ms", "0"])
-    _wait_for_socket(sock, proc)
+    proc, sock = start_fake_runtime(tmp_path, "--latency-ms", "0")
     yield sock
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
-def _serve(tmp_path: Path, runtime: Path, *extra: str) -> tuple[subprocess.Popen[str], Path]:
-    sock = tmp_path / "run" / "cri-proxy" / "proxy.sock"
-    proc = _start(
-        [
-            "serve",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--kubelet-state-file",
-            str(tmp_path / "cpu_manager_state"),
-            "--config",
-            "/dev/null",
-            "--listen",
-            f"unix://{sock}",
-            "--runtime-endpoint",
-            f"unix://{runtime}",
-            *extra,
-        ]
-    )
-    _wait_for_socket(sock, proc)
-    return proc, sock
+def _serve(tmp_path: Path, runtime: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    return start_proxy(tmp_path, runtime, *extra, listen=tmp_path / "run" / "cri-proxy" / "proxy.sock")
 
 
 def test_socket_is_0660_in_a_created_directory_and_removed_on_sigterm(tmp_path: Path, fake: Path) -> None:
@@ -71,10 +52,8 @@ def test_socket_is_0660_in_a_created_directory_and_removed_on_sigterm(tmp_path: 
 
 
 def test_in_flight_calls_finish_on_sigterm(tmp_path: Path) -> None:
-    runtime = tmp_path / "slow.sock"
-    slow = _start(["fake-runtime", "--listen", f"unix://{runtime}", "--latency-ms", "1500"])
+    slow, runtime = start_fake_runtime(tmp_path, "--latency-ms", "1500", name="slow")
     try:
-        _wait_for_socket(runtime, slow)
         proc, sock = _serve(tmp_path, runtime, "--shutdown-grace", "10")
         result: list[object] = []
 
@@ -94,8 +73,7 @@ def test_in_flight_calls_finish_on_sigterm(tmp_path: Path) -> None:
         assert proc.wait(15) == 0
         assert not sock.exists()
     finally:
-        slow.terminate()
-        slow.wait(10)
+        stop(slow)
 
 
 def test_a_stale_socket_file_is_replaced(tmp_path: Path, fake: Path) -> None:
@@ -114,35 +92,20 @@ def test_a_stale_socket_file_is_replaced(tmp_path: Path, fake: Path) -> None:
 def test_refuses_to_start_when_a_live_server_owns_the_socket(tmp_path: Path, fake: Path) -> None:
     first, sock = _serve(tmp_path, fake)
     try:
-        args = [
-            CLI,
-            "serve",
-            "--config",
-            "/dev/null",
-            "--listen",
-            f"unix://{sock}",
-            "--runtime-endpoint",
-            f"unix://{fake}",
-            "--kubelet-state-file",
-            str(tmp_path / "cms"),
-        ]
         # another state directory: the socket check refuses
-        second = subprocess.run(
-            [*args, "--state-dir", str(tmp_path / "state2")], capture_output=True, text=True, timeout=30
-        )
+        args = serve_command(tmp_path, fake, listen=sock, state_dir=tmp_path / "state2")
+        second = subprocess.run(args, capture_output=True, text=True, timeout=30)
         assert second.returncode != 0
         assert "already listening" in second.stderr and str(sock) in second.stderr
         # the same state directory: its lock refuses (one proxy per checkpoint)
-        third = subprocess.run(
-            [*args, "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=30
-        )
+        args = serve_command(tmp_path, fake, listen=sock, state_dir=tmp_path / "state")
+        third = subprocess.run(args, capture_output=True, text=True, timeout=30)
         assert third.returncode != 0
         assert "another cri-proxy holds" in third.stderr
         with CriClient(f"unix://{sock}") as client:  # the first one is untouched
             assert client.runtime.Version(v1.VersionRequest()).version
     finally:
-        first.terminate()
-        first.wait(15)
+        stop(first, 15)
 
 
 @pytest.mark.parametrize("kind", ["symlink", "regular-file"])
@@ -153,23 +116,7 @@ def test_refuses_a_socket_path_that_is_not_a_socket(tmp_path: Path, fake: Path, 
     else:
         sock.write_text("precious")
     out = subprocess.run(
-        [
-            CLI,
-            "serve",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--kubelet-state-file",
-            str(tmp_path / "cpu_manager_state"),
-            "--config",
-            "/dev/null",
-            "--listen",
-            f"unix://{sock}",
-            "--runtime-endpoint",
-            f"unix://{fake}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        serve_command(tmp_path, fake, listen=sock), capture_output=True, text=True, timeout=30
     )
     assert out.returncode != 0
     assert "refusing to listen" in out.stderr
@@ -180,8 +127,9 @@ def test_config_file_sets_endpoints_and_flags_override(tmp_path: Path, fake: Pat
     sock = tmp_path / "from-file.sock"
     config = tmp_path / "config.toml"
     config.write_text(f'listen = "unix://{sock}"\nruntime_endpoint = "unix:///nonexistent.sock"\n')
-    proc = _start(
+    proc = start(
         [
+            CLI,
             "serve",
             "--config",
             str(config),
@@ -189,15 +137,17 @@ def test_config_file_sets_endpoints_and_flags_override(tmp_path: Path, fake: Pat
             f"unix://{fake}",
             "--state-dir",
             str(tmp_path / "state"),
-        ]
+            "--kubelet-state-file",
+            str(tmp_path / "cpu_manager_state"),
+        ],
+        tmp_path / "proxy.log",
     )
     try:
-        _wait_for_socket(sock, proc)
+        wait_for_socket(sock, proc)
         with CriClient(f"unix://{sock}") as client:
             assert client.runtime.Version(v1.VersionRequest()).runtime_name == "cri-proxy-fake-runtime"
     finally:
-        proc.terminate()
-        proc.wait(15)
+        stop(proc, 15)
 
 
 @pytest.mark.parametrize(
@@ -233,34 +183,22 @@ def test_enforcement_flags_take_effect(tmp_path: Path, fake: Path) -> None:
     sysfs = fake_sysfs(tmp_path / "sys", {0: "0-7", 1: "8-15"})
     state = {"policyName": "static", "defaultCpuSet": "0-11", "entries": {"uid-g": {"main": "12-13"}}}
     (tmp_path / "cms").write_text(json.dumps(state))
-    sock = tmp_path / "p.sock"
-    proc = _start(
-        [
-            "serve",
-            "--config",
-            "/dev/null",
-            "--listen",
-            f"unix://{sock}",
-            "--runtime-endpoint",
-            f"unix://{fake}",
-            "--state-dir",
-            str(tmp_path / "st"),
-            "--kubelet-state-file",
-            str(tmp_path / "cms"),
-            "--sysfs-root",
-            str(sysfs),
-            "--reserved-cpus",
-            "0-1",
-            "--system-cpus",
-            "14-15",
-            "--fail-policy",
-            "fail",
-            "--exclusive-wait",
-            "0.5",
-        ]
+    proc, sock = start_proxy(
+        tmp_path,
+        fake,
+        "--sysfs-root",
+        str(sysfs),
+        "--reserved-cpus",
+        "0-1",
+        "--system-cpus",
+        "14-15",
+        "--fail-policy",
+        "fail",
+        "--exclusive-wait",
+        "0.5",
+        kubelet_state_file=tmp_path / "cms",
     )
     try:
-        _wait_for_socket(sock, proc)
         with CriClient(f"unix://{sock}") as client:
             pb = client.pb
             config = pb.PodSandboxConfig(
@@ -294,16 +232,8 @@ def test_enforcement_flags_take_effect(tmp_path: Path, fake: Path) -> None:
             assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             status = client.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status
             assert status.resources.linux.cpuset_cpus == "14-15"  # --system-cpus, injected
-        out = subprocess.run(
-            [CLI, "ctl", "-r", f"unix://{sock}", "plan"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        plan = json.loads(out.stdout)
+        plan = ctl_json(f"unix://{sock}", "plan")
         assert plan["pools"] == {"ls": "2-11,14-15", "be": "2-11,14-15"}  # reserved and kubelet's CPUs out
         assert plan["containers"][cid]["cpuset_cpus"] == "14-15"  # --system-cpus
     finally:
-        proc.terminate()
-        proc.wait(15)
+        stop(proc, 15)

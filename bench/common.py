@@ -1,0 +1,93 @@
+"""What the bench scripts share: the fake runtime and `cri-proxy serve` as processes, and /proc figures.
+
+Every process writes its output to the terminal; the proxy's state dir and kubelet state file are
+in the bench's temp directory (`tests.processes.serve_command`), never the node's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from cri_proxy.endpoints import socket_answers  # noqa: E402
+from tests.processes import CLI, serve_command  # noqa: E402
+
+__all__ = [
+    "CLI",
+    "ROOT",
+    "proc_figures",
+    "rss_kib",
+    "start_fake_runtime",
+    "start_proxy",
+    "stop_all",
+    "wait_socket",
+]
+
+
+def wait_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Until a server answers on `path`; exit the bench if `proc` exits first or it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args[1]} exited {proc.returncode}")  # type: ignore[index]
+        if path.exists() and socket_answers(path):
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"{path} never answered")
+
+
+def start_fake_runtime(work: Path, *args: str, name: str = "fake") -> tuple[subprocess.Popen[bytes], str]:
+    """`cri-proxy fake-runtime ARGS` on work/NAME.sock, answering: (process, its endpoint)."""
+    sock = work / f"{name}.sock"
+    proc = subprocess.Popen([CLI, "fake-runtime", "--listen", f"unix://{sock}", *args])
+    wait_socket(sock, proc)
+    return proc, f"unix://{sock}"
+
+
+def start_proxy(
+    work: Path, runtime_endpoint: str, *extra: str, listen: Path | None = None, state_dir: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`cri-proxy serve` in front of `runtime_endpoint` (state in `work`), answering: (process, endpoint)."""
+    sock = listen or work / "proxy.sock"
+    argv = serve_command(work, runtime_endpoint, *extra, listen=sock, state_dir=state_dir)
+    proc = subprocess.Popen(argv)
+    wait_socket(sock, proc)
+    return proc, f"unix://{sock}"
+
+
+def stop_all(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    """SIGTERM each (the last started first); SIGKILL one that does not exit within `timeout`."""
+    for proc in reversed(list(procs)):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def rss_kib(pid: int | str = "self") -> int:
+    """Resident set size of a process (this one by default), KiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def proc_figures(pid: int) -> dict[str, float]:
+    """RSS (MiB), open fds, CPU seconds (user + system) of a process, from /proc."""
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return {"rss_mib": rss_kib(pid) / 1024, "fds": fds, "cpu_s": ticks / os.sysconf("SC_CLK_TCK")}
