@@ -127,6 +127,8 @@ def _get(url: str) -> tuple[int, str]:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
+    except urllib.error.URLError as err:  # not listening yet: the socket comes up before the endpoint
+        return 0, str(err.reason)
 
 
 def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
