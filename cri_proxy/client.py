@@ -1,7 +1,6 @@
 """A small synchronous CRI client: the stubs of one API version on one channel.
 
-Used by the tests now and by `cri-proxy ctl` later. Errors keep gRPC's status; `describe_error`
-says whether the endpoint could not be reached or answered with an error.
+Used by the tests, the demo and `cri-proxy ctl`; errors keep gRPC's status.
 """
 
 from __future__ import annotations
@@ -67,13 +66,3 @@ class CriClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def describe_error(error: grpc.RpcError, endpoint: str, role: str = "runtime") -> str:
-    """One line for people: which endpoint, and whether it was unreachable or answered an error."""
-    code = error.code() if hasattr(error, "code") else None
-    details = error.details() if hasattr(error, "details") else str(error)
-    if code is grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the {role} at {endpoint}: {details}"
-    name = code.name if code is not None else "UNKNOWN"
-    return f"the {role} at {endpoint} answered {name}: {details}"

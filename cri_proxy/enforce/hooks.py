@@ -14,11 +14,11 @@ import grpc
 from google.protobuf.message import Message
 from loguru import logger
 
-from cri_proxy.cpu import CPUSet, ProblemKind, QoS
+from cri_proxy.cpu import ProblemKind, QoS
 from cri_proxy.cpu.decide import ContainerDecision
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
-from cri_proxy.errors import CpuError
+from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookError, HookTable
@@ -47,13 +47,6 @@ def pod_record(sandbox_id: str, config: Any, api_version: str) -> PodRecord:
 def pending_id(sandbox_id: str, name: str, attempt: int) -> str:
     """The id a container has in the state between CreateContainer and its response."""
     return f"pending/{sandbox_id}/{name}/{attempt}"
-
-
-def canonical(cpus: str) -> str:
-    try:
-        return str(CPUSet.parse(cpus))
-    except CpuError:
-        return cpus
 
 
 class EnforceHooks:
@@ -206,7 +199,7 @@ class EnforceHooks:
         self.state.update_container(
             cid,
             resources=resources_bytes(req.config.linux.resources),
-            applied=canonical(req.config.linux.resources.cpuset_cpus),
+            applied=canonical_cpuset(req.config.linux.resources.cpuset_cpus),
         )
         self.reconciler.request()
 
@@ -249,7 +242,7 @@ class EnforceHooks:
         merged = c.linux_resources()
         merge_linux_resources(merged, req.linux)
         self.state.update_container(
-            c.id, resources=merged.SerializeToString(), applied=canonical(merged.cpuset_cpus)
+            c.id, resources=merged.SerializeToString(), applied=canonical_cpuset(merged.cpuset_cpus)
         )
 
     async def container_started(self, request: Message, response: Message, info: MethodInfo) -> None:
