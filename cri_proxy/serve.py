@@ -21,7 +21,7 @@ from loguru import logger
 from prometheus_client import CollectorRegistry
 from tenacity import AsyncRetrying, stop_after_delay, stop_never, wait_exponential
 
-from cri_proxy.config import RELOADABLE, Config
+from cri_proxy.config import RELOADABLE, Config, check_cpus, is_loopback
 from cri_proxy.cpu import CPUSet
 from cri_proxy.daemon.health import HealthService
 from cri_proxy.daemon.http import HttpEndpoint
@@ -58,6 +58,8 @@ class Proxy:
         self.runtime_up = False
         self._seen_down = False
         self.state = NodeState()
+        topology = read_topology(config.sysfs_root)
+        check_cpus(config, topology.online)
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
         self.kubelet.poll()
         self.kube_api = (
@@ -72,7 +74,7 @@ class Proxy:
         )
         self.policy = Policy(
             self.state,
-            read_topology(config.sysfs_root),
+            topology,
             CPUSet.parse(config.reserved_cpus),
             CPUSet.parse(config.system_cpus),
             self.kubelet,
@@ -173,6 +175,12 @@ class Proxy:
         if self.http is not None:
             await self.http.start()
             logger.info("metrics and health on http://{}:{}/metrics", self.http.host, self.http.port)
+            if not is_loopback(self.http.host):
+                logger.warning(
+                    "metrics_address {} is not loopback (allow_remote_metrics = true):"
+                    " /metrics, /healthz and /readyz answer anyone who can reach it",
+                    self.config.metrics_address,
+                )
         interval = watchdog_interval()
         if interval is not None:
             self._spawn(lambda: self._watchdog(interval))
@@ -244,6 +252,7 @@ class Proxy:
         notify("RELOADING=1")
         try:
             new = self.reload_config()
+            check_cpus(new, self.policy.topology.online)
         except CriProxyError as exc:
             logger.error("reload refused, the running configuration stays: {}", exc)
             notify("READY=1")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cri_proxy.config import DEFAULT_CONFIG_FILE, DEFAULT_LISTEN, DEFAULT_RUNTIME_ENDPOINT
-from cri_proxy.errors import CriProxyError
+from cri_proxy.errors import ConfigError, CriProxyError
 
 
 def register(sub: Any) -> None:
@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio_run(serve(config, reload))
+    except ConfigError as exc:  # a value only the node can judge (CPUs not online): as a bad file
+        print(f"cri-proxy serve: {exc}", file=sys.stderr)
+        return 2
     except CriProxyError as exc:
         print(f"cri-proxy serve: {exc}", file=sys.stderr)
         return 1
