@@ -61,7 +61,6 @@ class Proxy:
         topology = read_topology(config.sysfs_root)
         check_cpus(config, topology.online)
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
-        self.kubelet.poll()
         self.kube_api = (
             KubeApiWatcher(
                 self.state,
@@ -161,6 +160,7 @@ class Proxy:
         listen = socket_path(self.config.listen)
         if listen is not None:  # refuse a live owner or a bad path now, not after recovery
             prepare_listen_socket(listen, self.config.allow_world_writable_socket_dir)
+        await self._refresh_kubelet()
         saved = self.load_checkpoint()
         done = await self.recover(saved, give_up_after=3.0)
         await self.relay.start()
@@ -291,13 +291,17 @@ class Proxy:
     async def _watch_kubelet(self) -> None:
         while True:
             await asyncio.sleep(self.config.kubelet_poll_seconds)
-            if self.kubelet.poll():
-                if self.kubelet.problem is not None:
-                    logger.warning("{}", self.kubelet.problem.message)
-                else:
-                    logger.info("kubelet state file {} changed", self.kubelet.path)
-                self.policy.facts_changed()
-                self.reconciler.request()
+            await self._refresh_kubelet()
+
+    async def _refresh_kubelet(self) -> None:
+        """Re-read the kubelet state file off the event loop; a new problem is logged once."""
+        if await self.kubelet.refresh():
+            if self.kubelet.problem is not None:
+                logger.warning("{}", self.kubelet.problem.message)
+            else:
+                logger.info("kubelet state file {} changed", self.kubelet.path)
+            self.policy.facts_changed()
+            self.reconciler.request()
 
     async def _keep_checkpoint(self) -> None:
         while True:
