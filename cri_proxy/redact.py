@@ -23,7 +23,7 @@ SECRET_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuratio
 
 def _scrub(value: Any) -> Any:
     if isinstance(value, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for key, item in value.items():
             if key == "envs" and isinstance(item, list):
                 out[key] = [{**env, "value": REDACTED} if isinstance(env, dict) else REDACTED for env in item]
