@@ -86,13 +86,15 @@ class Relay:
         hooks: HookTable | None = None,
         extra_handlers: tuple[grpc.GenericRpcHandler[Any, Any], ...] = (),
         own_services: tuple[str, ...] = (),
+        settings: Callable[[], Config] | None = None,
     ) -> None:
-        self.config = config
+        self.config = config  # what the relay was started with; `settings()` is what runs now
+        self.settings = settings or (lambda: config)
         self.channel = grpc.aio.insecure_channel(
             grpc_target(config.runtime_endpoint), options=channel_options(config)
         )
         self.forwarder = Forwarder(
-            self.channel, config.runtime_endpoint, hooks, FailPolicy(config.fail_policy)
+            self.channel, config.runtime_endpoint, hooks, lambda: FailPolicy(self.settings().fail_policy)
         )
         self.server = grpc.aio.server(options=server_options(config))
         # Our own services (health, introspection) first; the forwarder answers everything else.
@@ -206,7 +208,7 @@ class Relay:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        grace = self.config.shutdown_grace_seconds if grace is None else grace
+        grace = self.settings().shutdown_grace_seconds if grace is None else grace
         if self.frames is not None:  # relay_mode "frames"
             internal_stop = self.server.stop if self.internal is not None else None
             await self.frames.stop(grace, internal_stop)
