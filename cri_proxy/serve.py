@@ -97,6 +97,7 @@ class Proxy:
             self.settings, reload, lambda new: check_cpus(new, topology.online), self._settings_swapped
         )
         self._saved: Records | None = None
+        self._reload_wanted = False
         self.http: HttpEndpoint | None = None
         if config.metrics_address:
             registry = CollectorRegistry()
@@ -144,9 +145,7 @@ class Proxy:
         interval = watchdog_interval()
         if interval is not None:
             run("watchdog", lambda: self._watchdog(interval))
-        asyncio.get_running_loop().add_signal_handler(
-            signal.SIGHUP, lambda: self.supervisor.job("reload", self._reload)
-        )
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._sighup)
         status = "serving" if done else f"serving; waiting for runtime {config.runtime_endpoint}"
         notify(f"READY=1\nSTATUS={status}")
 
@@ -182,8 +181,15 @@ class Proxy:
             self.supervisor.job("recovery", self.recovery.until_done)
 
     # -- reload -------------------------------------------------------------------------------
+    def _sighup(self) -> None:
+        """One reload job at a time; a SIGHUP during a reload makes it read the file once more."""
+        self._reload_wanted = True
+        self.supervisor.job("reload", self._reload)
+
     async def _reload(self) -> None:
-        await self.reloader.reload()
+        while self._reload_wanted:
+            self._reload_wanted = False
+            await self.reloader.reload()
 
     def _settings_swapped(self, old: Config, new: Config) -> None:
         if (old.log_level, old.log_format) != (new.log_level, new.log_format):
