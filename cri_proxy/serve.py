@@ -18,6 +18,7 @@ from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from cri_proxy.config import Config, check_cpus, is_loopback
+from cri_proxy.daemon.admin import AdminServer
 from cri_proxy.daemon.checkpoints import CheckpointKeeper
 from cri_proxy.daemon.health import HealthService
 from cri_proxy.daemon.http import HttpEndpoint
@@ -71,12 +72,8 @@ class Proxy:
         self.table = HookTable()
         self.introspection = Introspection(self.state, self.policy)
         self.health = HealthService(lambda: self.probe.up)
-        self.relay = Relay(
-            config,
-            self.table,
-            extra_handlers=(self.introspection, self.health),
-            settings=self.settings.get,
-        )
+        self.relay = Relay(config, self.table, settings=self.settings.get)
+        self.admin = AdminServer(config, (self.introspection, self.health))
         self.probe = RuntimeProbe(self.relay.channel, config.runtime_endpoint, on_back=self._runtime_back)
         self.reconciler = Reconciler(
             self.state,
@@ -120,10 +117,16 @@ class Proxy:
         listen = socket_path(config.listen)
         if listen is not None:  # refuse a live owner or a bad path now, not after recovery
             prepare_listen_socket(listen, config.allow_world_writable_socket_dir)
+        self.admin.check()
         await self.kubelet_watch.refresh()
         self._saved = self.checkpoints.load()
         done = await self.recovery.first(give_up_after=3.0)
-        await self.relay.start()
+        await self.admin.start()  # first: once the CRI socket answers, so does the admin socket
+        try:
+            await self.relay.start()
+        except BaseException:
+            await self.admin.stop(0)
+            raise
         run = self.supervisor.loop
         run("reconciler", self.reconciler.run)
         run("kubelet-state-file", self.kubelet_watch.run)
@@ -156,6 +159,7 @@ class Proxy:
         if self.http is not None:
             await self.http.stop()
         await self.relay.stop()
+        await self.admin.stop(0)
         await self.supervisor.stop()
         if self.lock.held:
             await self.checkpoints.save()
