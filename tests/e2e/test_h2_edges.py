@@ -98,6 +98,15 @@ def test_settings_acked_and_ping_answered_before_any_request(target: Path) -> No
         assert call.grpc_status == 0 and call.data
 
 
+def test_an_idle_connection_is_not_closed_through_the_proxy(edges_proxy: ProxyProcess) -> None:
+    """No request for longer than the old 10 s first-request timeout: no GOAWAY, still usable."""
+    with h2raw.H2Client(edges_proxy.socket) as client:
+        client.wait_for_event(h2.events.SettingsAcknowledged)
+        client.listen(11.0)  # reads all along: whatever the proxy sends is seen
+        assert client.goaway is None and not client.closed
+        assert client.call(VERSION).grpc_status == 0
+
+
 # -- header blocks -------------------------------------------------------------------------------
 
 
