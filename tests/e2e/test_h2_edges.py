@@ -10,7 +10,9 @@ Every read has a deadline; no case waits longer than a few seconds for an answer
 from __future__ import annotations
 
 import gzip
+import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,15 @@ def test_settings_acked_and_ping_answered_before_any_request(target: Path) -> No
         assert client.goaway is None and not client.closed
         call = client.call(VERSION)
         assert call.grpc_status == 0 and call.data
+
+
+def test_an_idle_connection_is_not_closed_through_the_proxy(edges_proxy: ProxyProcess) -> None:
+    """No request for longer than the old 10 s first-request timeout: no GOAWAY, still usable."""
+    with h2raw.H2Client(edges_proxy.socket) as client:
+        client.wait_for_event(h2.events.SettingsAcknowledged)
+        client.listen(11.0)  # reads all along: whatever the proxy sends is seen
+        assert client.goaway is None and not client.closed
+        assert client.call(VERSION).grpc_status == 0
 
 
 # -- header blocks -------------------------------------------------------------------------------
@@ -322,5 +333,94 @@ def test_rst_stream_mid_request(sockets: dict[str, Path], path: str) -> None:
             conn.send(h2raw.frame(h2raw.RST_STREAM, 0, sid, (8).to_bytes(4, "big")))  # CANCEL
             nxt = conn.call(VERSION, b"")
             return str(conn.outcome(nxt)), conn.streams[sid].ended, conn.alive()
+
+    same(sockets, scenario)
+
+
+# -- protocol errors: the code, and whether the connection or only the stream ends ---------------
+
+_W = h2raw.WINDOW_UPDATE
+BAD_FRAMES: dict[str, Callable[[int], bytes]] = {
+    # `sid` is a stream the client has open (its HEADERS sent, no END_STREAM)
+    "window update of 0 on the connection": lambda sid: h2raw.frame(_W, 0, 0, bytes(4)),
+    "window update of 0 on a stream": lambda sid: h2raw.frame(_W, 0, sid, bytes(4)),
+    "window overflow on the connection": lambda sid: (
+        h2raw.frame(_W, 0, 0, (0x7FFFFFFF).to_bytes(4, "big")) * 2
+    ),
+    "DATA on stream 0": lambda sid: h2raw.frame(h2raw.DATA, 0, 0, b"x"),
+    "HEADERS on an even stream": lambda sid: h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, 2, b"\x82"),
+    "PING of 7 bytes": lambda sid: h2raw.frame(h2raw.PING, 0, 0, bytes(7)),
+    "SETTINGS on a stream": lambda sid: h2raw.frame(h2raw.SETTINGS, 0, sid, b""),
+    "SETTINGS initial window too large": lambda sid: h2raw.settings_frame(
+        {h2raw.INITIAL_WINDOW_SIZE: 0x80000000}
+    ),
+    "RST_STREAM on an idle stream": lambda sid: h2raw.frame(h2raw.RST_STREAM, 0, sid + 100, bytes(4)),
+    "CONTINUATION without HEADERS": lambda sid: h2raw.frame(h2raw.CONTINUATION, h2raw.END_HEADERS, sid, b""),
+    "DATA padding longer than the frame": lambda sid: h2raw.frame(h2raw.DATA, h2raw.PADDED, sid, b"\x09abc"),
+    "a stream depending on itself": lambda sid: h2raw.frame(2, 0, sid, sid.to_bytes(4, "big") + b"\x10"),
+}
+
+
+# containerd closes the connection on these without a GOAWAY; the proxy, losing the runtime, sends
+# a GOAWAY NO_ERROR of its own first (a graceful "retry elsewhere" where containerd gave an error)
+_DROPPED = {
+    "window update of 0 on the connection",
+    "DATA on stream 0",
+    "PING of 7 bytes",
+    "SETTINGS on a stream",
+    "SETTINGS initial window too large",
+    "CONTINUATION without HEADERS",
+    "DATA padding longer than the frame",
+}
+_GOAWAY_OF_ITS_OWN = pytest.mark.xfail(
+    strict=True, reason="issue 12: where containerd drops the connection the proxy sends GOAWAY NO_ERROR"
+)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(name, id=name, marks=[_GOAWAY_OF_ITS_OWN] if name in _DROPPED else [])
+        for name in BAD_FRAMES
+    ],
+)
+def test_protocol_errors_end_what_containerd_ends(sockets: dict[str, Path], bad: str) -> None:
+    def scenario(path: Path) -> Any:
+        with h2raw.RawH2(path) as conn:
+            conn.wait(lambda: conn.settings_acked > 0, 5)
+            sid = conn.new_stream()
+            conn.headers(sid, h2raw.request_headers(VERSION))
+            conn.send(BAD_FRAMES[bad](sid))
+            conn.wait(lambda: conn.goaway is not None or conn.streams[sid].reset is not None, 3)
+            seen = {"goaway": conn.goaway, "stream reset": conn.streams[sid].reset, "alive": conn.alive(3)}
+            return {**seen, "closed": conn.closed}
+
+    same(sockets, scenario)
+
+
+@_GOAWAY_OF_ITS_OWN
+@pytest.mark.parametrize(
+    "opening",
+    [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n", b"\x00" * 24],
+    ids=["http/1.1", "bad preface", "zeros"],
+)
+def test_not_http2_is_answered_as_containerd_answers_it(sockets: dict[str, Path], opening: bytes) -> None:
+    def scenario(path: Path) -> Any:
+        with socket.socket(socket.AF_UNIX) as raw:
+            raw.connect(str(path))
+            raw.sendall(opening)
+            got, deadline = b"", time.monotonic() + 5
+            while time.monotonic() < deadline:
+                raw.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    chunk = raw.recv(65536)
+                except TimeoutError:
+                    return got, "open"
+                except OSError:
+                    return got, "ended"  # reset: close and reset are one to a client here
+                if not chunk:
+                    return got, "ended"
+                got += chunk
+            return got, "open"
 
     same(sockets, scenario)
