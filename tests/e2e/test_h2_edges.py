@@ -111,7 +111,8 @@ def test_an_idle_connection_is_not_closed_through_the_proxy(edges_proxy: ProxyPr
 
 
 @pytest.mark.xfail(
-    strict=True, reason="issue 12: HEADER_TABLE_SIZE applied when the client sends it, not on ACK"
+    strict=False,
+    reason="issue 12: HEADER_TABLE_SIZE applied when sent, not on ACK (racy: shows with answers in flight)",
 )
 def test_header_table_size_zero_then_header_heavy_requests(sockets: dict[str, Path]) -> None:
     heavy = [(f"x-edge-{i}", f"value-{i}-" + "v" * 40) for i in range(30)]
