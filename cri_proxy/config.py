@@ -31,7 +31,9 @@ class Config:
     max_send_message_bytes: int = 16 * MIB
     shutdown_grace_seconds: float = 10.0
     fail_policy: str = "ignore"
-    relay_mode: str = "frames"  # "frames" (HTTP/2 frame relay, fastpath.py) or "grpc" (grpc.aio relay)
+    relay_mode: str = "frames"  # "frames" (HTTP/2 frame relay, relay/core.py) or "grpc" (grpc.aio relay)
+    relay_buffer_bytes: int = 32 * MIB  # frames mode: bytes one connection may hold (held requests, backlog)
+    relay_buffer_total_bytes: int = 256 * MIB  # frames mode: ... all connections together
     log_level: str = "INFO"
     socket_group: str = ""
     allow_world_writable_socket_dir: bool = False
@@ -65,6 +67,16 @@ class Config:
         for key in ("max_recv_message_bytes", "max_send_message_bytes"):
             if getattr(self, key) < 1024:
                 raise ConfigError(f"{key}: must be at least 1024 bytes, not {getattr(self, key)}")
+        if self.relay_buffer_bytes < self.max_recv_message_bytes + 1024:
+            raise ConfigError(
+                f"relay_buffer_bytes: must hold one largest message (max_recv_message_bytes + 1024 ="
+                f" {self.max_recv_message_bytes + 1024}), not {self.relay_buffer_bytes}"
+            )
+        if self.relay_buffer_total_bytes < self.relay_buffer_bytes:
+            raise ConfigError(
+                f"relay_buffer_total_bytes: must be at least relay_buffer_bytes ({self.relay_buffer_bytes}),"
+                f" not {self.relay_buffer_total_bytes}"
+            )
         if self.shutdown_grace_seconds < 0:
             raise ConfigError(
                 f"shutdown_grace_seconds: must not be negative, not {self.shutdown_grace_seconds}"

@@ -20,7 +20,7 @@ from loguru import logger
 from cri_proxy.config import Config
 from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, socket_path
 from cri_proxy.errors import EndpointError
-from cri_proxy.relay.fastpath import FrameRelay, InternalRoute, bind_unix
+from cri_proxy.relay.transport import FrameRelay, bind_unix
 from cri_proxy.relay.forward import FailPolicy, Forwarder
 from cri_proxy.relay.hooks import HookTable
 
@@ -102,20 +102,18 @@ class Relay:
         self._stopped = asyncio.Event()
         # relay_mode "frames": HTTP/2 frames relayed per connection (fastpath.py) instead of self.server
         self.frames: FrameRelay | None = None
-        self.internal: InternalRoute | None = None  # frames mode with extra handlers: self.server's route
+        self.internal: Any = None  # (the first-request route is going away with the admin socket)
         self._internal_dir: Path | None = None  # a temp dir we made for the internal socket
         if config.relay_mode == "frames":
             if self._socket is None:
                 raise EndpointError(f"relay_mode 'frames' needs a unix:// listen endpoint: {config.listen!r}")
-            if extra_handlers:
-                self.internal = InternalRoute(own_paths(extra_handlers, own_services))
-            # fail policy and metrics observer are read from the forwarder, where serve.py sets them
+            # fail policy, metrics observer and hook runner are the forwarder's (serve.py sets them)
             self.frames = FrameRelay(
                 config,
                 hooks,
                 lambda: self.forwarder.fail_policy,
                 lambda: self.forwarder.observer,
-                internal=self.internal,
+                runner=self.forwarder.runner,
             )
 
     async def start(self) -> None:
@@ -208,8 +206,7 @@ class Relay:
         self._stopped.set()
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         if self.frames is not None:  # relay_mode "frames"
-            internal_stop = self.server.stop if self.internal is not None else None
-            await self.frames.stop(grace, internal_stop)
+            await self.frames.stop(grace)
         else:
             await self.server.stop(grace)
         await self.channel.close(None)
