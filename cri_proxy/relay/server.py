@@ -20,9 +20,9 @@ from loguru import logger
 from cri_proxy.config import Config
 from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, socket_path
 from cri_proxy.errors import EndpointError
-from cri_proxy.relay.transport import FrameRelay, bind_unix
 from cri_proxy.relay.forward import FailPolicy, Forwarder
 from cri_proxy.relay.hooks import HookTable
+from cri_proxy.relay.transport import FrameRelay, bind_unix
 
 SOCKET_MODE = 0o660
 INTERNAL_SOCKET_MODE = 0o600

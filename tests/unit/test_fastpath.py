@@ -204,7 +204,7 @@ def test_requests_near_one_mebibyte_are_rewritten_in_frames_the_runtime_accepts(
                 assert reply.container_id == f"big{i}:{big + change}"
                 assert await version(b"", timeout=5)
             link = next(iter(b.relay.frames.links)) if b.relay.frames else None
-            assert link is not None and link.core.win.initial_window == 65535  # the small windows were in force
+            assert link is not None and link.core.win.initial_window == 65535  # small windows held
 
     run(main())
     assert recorder.sizes == [big + change] * 12
