@@ -437,8 +437,9 @@ class LinkCore:
         if self.stalled != sid:
             return
         st = self.streams.get(sid)
-        if st is not None and st.hook is not None and st.hook.sending and not st.hook.finished:
-            return  # its request is still going out (window): the trailers wait for it
+        hook = None if st is None else st.hook
+        if hook is not None and (hook.running or (hook.sending and not hook.finished)):
+            return  # its hook runs, or its request is still going out (window): the trailers wait
         self.stalled = 0
         if self.c_split.pending() and not self.client_dead:
             try:
