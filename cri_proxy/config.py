@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cri_proxy.cpu.cpuset import CPUSet
-from cri_proxy.errors import ConfigError, CpuError
+from cri_proxy.endpoints import admin_endpoint_beside, socket_path
+from cri_proxy.errors import ConfigError, CpuError, EndpointError
 
 DEFAULT_CONFIG_FILE = Path("/etc/cri-proxy/config.toml")
 DEFAULT_LISTEN = "unix:///run/cri-proxy/cri-proxy.sock"
@@ -36,6 +37,8 @@ class Config:
     relay_buffer_total_bytes: int = 256 * MIB  # frames mode: ... all connections together
     log_level: str = "INFO"
     socket_group: str = ""
+    admin_listen: str = ""  # the admin socket (introspection, health); empty: admin.sock beside `listen`
+    admin_socket_group: str = ""  # a group that may use the admin socket (0660); empty: root only (0600)
     allow_world_writable_socket_dir: bool = False
     state_dir: str = "/var/lib/cri-proxy"
     kubelet_state_file: str = "/var/lib/kubelet/cpu_manager_state"
@@ -104,7 +107,24 @@ class Config:
         for key in ("listen", "runtime_endpoint"):
             if not getattr(self, key):
                 raise ConfigError(f"{key}: must not be empty")
+        try:
+            admin = socket_path(self.admin_endpoint)
+        except EndpointError as exc:
+            raise ConfigError(f"admin_listen: {exc}") from None
+        try:
+            listen = socket_path(self.listen)
+        except EndpointError:
+            listen = None  # the relay refuses it, naming it, as it starts
+        if admin is None:
+            raise ConfigError(f"admin_listen: must be a unix:// socket, not {self.admin_listen!r}")
+        if admin == listen:
+            raise ConfigError(f"admin_listen: must differ from listen ({self.listen!r})")
         return self
+
+    @property
+    def admin_endpoint(self) -> str:
+        """Where the admin socket is: `admin_listen`, or admin.sock in the directory of `listen`."""
+        return self.admin_listen.strip() or admin_endpoint_beside(self.listen)
 
 
 RELOADABLE = frozenset(

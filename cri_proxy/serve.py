@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, stop_after_delay, stop_never, wait_exponenti
 
 from cri_proxy.config import RELOADABLE, Config
 from cri_proxy.cpu import CPUSet
+from cri_proxy.daemon.admin import AdminServer
 from cri_proxy.daemon.health import HealthService
 from cri_proxy.daemon.http import HttpEndpoint
 from cri_proxy.daemon.metrics import CallMetrics, StateCollector
@@ -81,7 +82,8 @@ class Proxy:
         self.table = HookTable()
         self.introspection = Introspection(self.state, self.policy)
         self.health = HealthService(lambda: self.runtime_up)
-        self.relay = Relay(config, self.table, extra_handlers=(self.introspection, self.health))
+        self.relay = Relay(config, self.table)
+        self.admin = AdminServer(config, (self.introspection, self.health))
         self.reconciler = Reconciler(
             self.state,
             self.policy,
@@ -159,9 +161,15 @@ class Proxy:
         listen = socket_path(self.config.listen)
         if listen is not None:  # refuse a live owner or a bad path now, not after recovery
             prepare_listen_socket(listen, self.config.allow_world_writable_socket_dir)
+        self.admin.check()
         saved = self.load_checkpoint()
         done = await self.recover(saved, give_up_after=3.0)
-        await self.relay.start()
+        await self.admin.start()  # first: once the CRI socket answers, so does the admin socket
+        try:
+            await self.relay.start()
+        except BaseException:
+            await self.admin.stop(0)
+            raise
         self._spawn(self.reconciler.run)
         self._spawn(self._watch_kubelet)
         if self.kube_api is not None:
@@ -316,6 +324,7 @@ class Proxy:
         if self.http is not None:
             await self.http.stop()
         await self.relay.stop()
+        await self.admin.stop(0)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
