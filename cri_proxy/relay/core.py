@@ -375,14 +375,21 @@ class LinkCore:
         if st is not None and st.hook is not None:
             hook = st.hook
             if hook.running:
-                self.events.append(CancelPre(sid))
-                self.orphans[sid] = (hook.info, hook.hooks, code)
+                self._stop_pre(sid, hook, code)
             else:
                 self._failed(hook, code)
             self._settle(hook)
             if self.stalled == sid:
                 self.stalled = 0
         return st
+
+    def _stop_pre(self, sid: int, hook: HookedRequest, code: int) -> None:
+        """The call ended while its pre hook runs: cancel it; if it ends first, its work rolls back."""
+        hook.running = False
+        self.events.append(CancelPre(sid))
+        self.orphans[sid] = (hook.info, hook.hooks, code)
+        if self.stalled == sid:
+            self.stalled = 0
 
     def _client_broke(self, rest: Buf) -> None:
         """The client broke the protocol in a way the runtime judges: it gets these bytes and answers
@@ -612,6 +619,8 @@ class LinkCore:
             st.hook.response += content
         if flags & wire.END_STREAM:
             del self.streams[st.id]
+            if st.hook is not None and st.hook.running:
+                self._stop_pre(st.id, st.hook, CANCELLED)
         return True
 
     def _runtime_headers(
@@ -642,6 +651,9 @@ class LinkCore:
             code = int(raw) if raw is not None and raw.isdigit() else UNKNOWN
         self._measure(st, code, now, upstream=True)
         hook = st.hook
+        if hook is not None and hook.running:  # answered before its request went (its deadline)
+            self._stop_pre(st.id, hook, code if code != OK else CANCELLED)
+            return
         if hook is None or hook.request is None or decoded is None:
             return
         if code == OK and hook.hooks.post is not None:
@@ -737,8 +749,7 @@ class LinkCore:
             if hook is None:
                 continue
             if hook.running:
-                self.events.append(CancelPre(sid))
-                self.orphans[sid] = (hook.info, hook.hooks, code)
+                self._stop_pre(sid, hook, code)
             else:
                 self._failed(hook, code)
             self._settle(hook)
