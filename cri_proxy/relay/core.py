@@ -86,8 +86,8 @@ class Limits:
 
     message: int = 16 << 20  # largest gRPC message either way
     buffer: int = 32 << 20  # bytes a link may hold (held requests, frames waiting for window)
-    header_list: int = 1 << 20  # SETTINGS_MAX_HEADER_LIST_SIZE the client is told, and held to
-    header_block: int = 256 << 10  # encoded bytes of one header block (then GOAWAY PROTOCOL_ERROR)
+    header_list: int = 16 << 20  # SETTINGS_MAX_HEADER_LIST_SIZE the client is told (grpc-go's default)
+    header_block: int = 64 << 10  # encoded bytes of one header block (decoding time; then GOAWAY)
 
 
 @dataclass(frozen=True, slots=True)

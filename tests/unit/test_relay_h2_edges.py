@@ -169,7 +169,7 @@ def test_a_header_list_over_the_limit_resets_only_its_stream() -> None:
         async with bed() as b:
             client = await RawClient.open(b.proxy_endpoint)
             await client.until(of(h2.events.SettingsAcknowledged))
-            big = [("x-big", "v" * 4000)] * 400  # ~1.6 MB decoded, a few KB encoded (indexed)
+            big = [("x-big", "v" * 4000)] * 4300  # ~17 MB decoded, ~13 KB encoded (indexed)
             sid = client.request(VERSION, grpc_body(v1.VersionRequest()), extra=big)
             reset = await client.until(of(h2.events.StreamReset, stream_id=sid))
             assert reset.error_code == h2.errors.ErrorCodes.FRAME_SIZE_ERROR
