@@ -45,7 +45,7 @@ class Relay:
     """The running proxy server on the CRI socket: `start()`, then `wait()` or `stop()`.
 
     relay_mode "grpc": a grpc.aio server carrying the forwarder alone on `listen`.
-    relay_mode "frames": the frame relay on `listen` (fastpath.py). Either way the socket carries
+    relay_mode "frames": the frame relay on `listen` (transport.py, core.py). Either way the socket carries
     CRI only: the proxy's own services are on the admin socket (cri_proxy/daemon/admin.py).
     """
 
