@@ -63,11 +63,7 @@ class HeaderBlocks:
             return
         size = self.pending.popleft()
         if size is not None and self.decoder is not None:
-            self.decoder.max_allowed_table_size = size
-            if size < self.decoder.header_table_size:
-                # the sender must shrink its table to fit before it uses it again: evicting now is the
-                # same (and is what the receiving peer may do too)
-                self.decoder.header_table_size = size
+            self.decoder.max_allowed_table_size = size  # the sender's next block shrinks the table
 
     # -- blocks -----------------------------------------------------------------------------------
     def headers(self, flags: int, sid: int, payload: Buf) -> bool:

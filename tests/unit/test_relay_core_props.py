@@ -13,7 +13,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -32,6 +32,17 @@ async def _pre(request, info):  # type: ignore[no-untyped-def]  # never run: the
 
 
 HOOKS = Hooks(pre=_pre)
+
+
+_GOOD_BLOCK = b"".join(
+    wire.literal_new_name(n, v)
+    for n, v in (
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", CREATE.encode()),
+        (b":authority", b"x"),
+    )
+)
 
 
 def framed(body: bytes) -> bytes:
@@ -350,3 +361,83 @@ def test_a_client_ignoring_flow_control_is_cut_off_with_flow_control_error() -> 
     assert core.closing
     assert wire.goaway(1, wire.FLOW_CONTROL_ERROR)[9:17] in out
     assert OK == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(
+        st.tuples(
+            st.integers(0, 9), st.integers(0, 255), st.integers(0, (1 << 31) - 1), st.binary(max_size=300)
+        ),
+        max_size=20,
+    ),
+    cuts=st.lists(st.integers(1, 200), max_size=30),
+)
+def test_the_frame_splitter_finds_every_frame_however_the_bytes_are_cut(
+    frames: list[tuple[int, int, int, bytes]], cuts: list[int]
+) -> None:
+    data = wire.PREFACE + b"".join(wire.frame(t, f, s, p) for t, f, s, p in frames)
+    splitter = wire.FrameSplitter(preface=True)
+    seen: list[tuple[int, int, int, bytes]] = []
+    at = 0
+    for size in [*cuts, len(data)]:
+        chunk, at = data[at : at + size], at + size
+        buf, first, found = splitter.feed(chunk)
+        for off, end, ftype, flags, sid in found:
+            seen.append((ftype, flags, sid, bytes(buf[off + wire.HEADER_LEN : end])))
+        splitter.keep(buf, found[-1][1] if found else first)
+        assert splitter.pending() < wire.HEADER_LEN + 300
+    assert seen == frames
+    assert splitter.pending() == 0
+
+
+@given(junk=st.binary(min_size=1, max_size=24))
+def test_the_splitter_refuses_a_wrong_preface(junk: bytes) -> None:
+    splitter = wire.FrameSplitter(preface=True)
+    if wire.PREFACE.startswith(junk):
+        splitter.feed(junk)
+        return
+    try:
+        splitter.feed(junk)
+    except wire.PrefaceError:
+        return
+    raise AssertionError("a wrong preface was taken")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frames=st.lists(
+        st.tuples(
+            st.integers(0, 10),
+            st.integers(0, 255),
+            st.sampled_from([0, 1, 3, 5, 2]),
+            st.one_of(st.binary(max_size=64), st.just(b"\0\0\0\0\x10"), st.just(_GOOD_BLOCK)),
+        ),
+        max_size=30,
+    ),
+    runtime_frames=st.lists(
+        st.tuples(st.integers(0, 9), st.integers(0, 255), st.sampled_from([0, 1, 3]), st.binary(max_size=40)),
+        max_size=10,
+    ),
+)
+def test_hostile_frames_from_either_side_never_escape_and_stay_bounded(
+    frames: list[tuple[int, int, int, bytes]], runtime_frames: list[tuple[int, int, int, bytes]]
+) -> None:
+    """Any frames, well-formed or not, from the client and the runtime: the core raises nothing,
+    ends hooks it started (or leaves them to end), and holds no more than its bound."""
+    core = LinkCore(lambda path: HOOKS if path == CREATE else None, LIMITS)
+    core.receive_from_client(wire.PREFACE + wire.settings())
+    core.receive_from_runtime(wire.settings())
+    for i, (ftype, flags, sid, payload) in enumerate(frames):
+        core.receive_from_client(wire.frame(ftype, flags, sid, payload))
+        if i < len(runtime_frames):
+            core.receive_from_runtime(wire.frame(*runtime_frames[i]))
+        for event in core.take_events():
+            if isinstance(event, RunPre):
+                core.hook_finished(event.stream, PreDone(b"x", v1.CreateContainerRequest()))
+        core.take_client()
+        core.take_runtime()
+        assert core.held + core.win.queued <= LIMITS.buffer
+        assert core.buffered() <= LIMITS.buffer + 2 * (16384 + 9) + LIMITS.header_block
+    core.runtime_lost("")
+    core.client_lost()
