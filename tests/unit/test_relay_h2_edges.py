@@ -189,7 +189,7 @@ def test_a_header_block_over_the_cap_ends_the_connection_with_protocol_error() -
             sid = 1
             block = b"\x00" + wire.hpack_string(b"x-a") + wire.hpack_string(b"b" * 16000)
             client.raw(wire.frame(wire.HEADERS, 0, sid, block))
-            for _ in range(40):
+            for _ in range(140):  # past the 2 MiB cap
                 client.raw(wire.frame(wire.CONTINUATION, 0, sid, block))
             ended = await client.until(of(h2.events.ConnectionTerminated))
             assert ended.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
