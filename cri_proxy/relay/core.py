@@ -13,9 +13,9 @@ HPACK dynamic table and never go inside an open header block.
 
 Protocol errors: what the runtime would reject (bad preface, oversized frame, broken header
 block) is passed to the runtime, which answers with its own error code and scope; the client's
-later bytes are dropped. The core answers itself only for its own limits: a client ignoring flow
-control (GOAWAY FLOW_CONTROL_ERROR), a header block over the cap (GOAWAY PROTOCOL_ERROR), a
-header list over SETTINGS_MAX_HEADER_LIST_SIZE (RST_STREAM FRAME_SIZE_ERROR, that stream only).
+later bytes are dropped. DATA past the client's window goes on too (the runtime judges it), never
+held. The core answers itself only for its own limits: a header block over the cap (GOAWAY
+PROTOCOL_ERROR), a header list over 16 MiB (RST_STREAM FRAME_SIZE_ERROR, that stream only).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class Limits:
 
     message: int = 16 << 20  # largest gRPC message either way
     buffer: int = 32 << 20  # bytes a link may hold (held requests, frames waiting for window)
-    header_list: int = 16 << 20  # SETTINGS_MAX_HEADER_LIST_SIZE the client is told (grpc-go's default)
-    header_block: int = 64 << 10  # encoded bytes of one header block (decoding time; then GOAWAY)
+    header_list: int = 16 << 20  # decoded header list limit: grpc-go's default (containerd's, unannounced)
+    header_block: int = 2 << 20  # encoded bytes of one header block (bounds decoding; then GOAWAY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,6 @@ class LinkCore:
         self.client_dead = False  # the client broke the protocol: its further bytes are dropped
         self.runtime_lost_code = 0  # the runtime went away: the calls it had end with this
         self.goaway_sent = False  # a GOAWAY reached the client (the runtime's or ours)
-        self.settings_seen = False  # the runtime's first SETTINGS (we add our header list limit)
         self.closing = False  # close both connections once the output is written
         self.warnings: list[str] = []
         # pre hooks cancelled with their call: if one finished first, its work is rolled back
@@ -215,10 +214,6 @@ class LinkCore:
             if ftype == wire.DATA:
                 flow = end - at - wire.HEADER_LEN
                 win.client_allowance -= flow
-                if win.client_allowance < 0:
-                    if start < at:
-                        win.send(buf[start:at], 0, out)
-                    return self._cut_off(wire.FLOW_CONTROL_ERROR, "client ignored flow control")
                 st = streams.get(sid)
                 if st is not None and st.hook is not None and not st.hook.released:
                     keep = False
@@ -226,6 +221,10 @@ class LinkCore:
                         self._hold(st, st.hook, flags, buf, at + wire.HEADER_LEN, end, flow)
                     except wire.FrameError:
                         return self._client_broke(buf[start:])
+                elif win.client_allowance < 0 and not win.backlog:
+                    # past the window it was given: the runtime judges it, as it would directly
+                    # (grpc-go lets some through); nothing is held for it here
+                    win.runtime_window -= flow
                 elif win.backlog or flow > win.runtime_window:
                     if start < at:
                         win.send(buf[start:at], 0, out)
@@ -698,15 +697,8 @@ class LinkCore:
             elif ident == wire.SETTINGS_MAX_FRAME_SIZE:
                 self.win.max_frame = value
                 self.c_split.max_frame = value
-        if self.settings_seen:
-            return True
-        self.settings_seen = True  # the client learns our header list limit with the runtime's first
-        pairs = [(k, v) for k, v in wire.settings_pairs(payload) if k != wire.SETTINGS_MAX_HEADER_LIST_SIZE]
-        theirs = [v for k, v in wire.settings_pairs(payload) if k == wire.SETTINGS_MAX_HEADER_LIST_SIZE]
-        limit = min([self.limits.header_list, *theirs])
-        self._span(buf, start, at)
-        self.out_c.append(wire.settings((*pairs, (wire.SETTINGS_MAX_HEADER_LIST_SIZE, limit))))
-        return False
+        return True  # unchanged: the header list limit is grpc-go's default, which containerd does not
+        # announce either, so neither does the relay
 
     def _runtime_goaway(self, buf: Buf, at: int, end: int, start: int) -> bool:
         """A GOAWAY with an error ends every open call: end them first, naming the runtime."""
@@ -766,10 +758,7 @@ class LinkCore:
             f"cri-proxy: lost the connection to runtime {self.runtime_name}{why}",
             answer=not self.r_block.open,
         )
-        if not self.goaway_sent and not self.r_block.open:
-            self.out_c.append(wire.goaway(self.last_stream, wire.NO_ERROR))
-            self.goaway_sent = True
-        self.closing = True
+        self.closing = True  # as the runtime left it: closed, with no GOAWAY of ours
 
     def client_lost(self) -> None:
         """The client went away: its calls are cancelled; their hooks' failure path runs."""

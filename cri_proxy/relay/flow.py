@@ -59,7 +59,7 @@ class Windows:
 
     def send(self, chunk: Buf, flow: int, out: list[Buf]) -> None:
         """A chunk for the runtime taking `flow` bytes of its window: now, or after what waits."""
-        if self.backlog or flow > self.runtime_window:
+        if self.backlog or (flow and flow > self.runtime_window):
             self.backlog.append((chunk, flow))
             self.queued += len(chunk)
         else:

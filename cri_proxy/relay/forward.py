@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 import grpc
 import grpc.aio
 
-from cri_proxy.relay.hookrun import CODES, FailPolicy, Forward, HookRunner
-from cri_proxy.relay.hooks import Hooks, HookTable
+from cri_proxy.relay.hookrun import CODES, Forward, HookRunner
+from cri_proxy.relay.hooks import FailPolicy, Hooks, HookTable
 from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
 
 __all__ = ["UPSTREAM_SECONDS", "CallObserver", "FailPolicy", "Forwarder"]

@@ -7,7 +7,6 @@ shown to the caller. Every hook run is timed and counted here, and nowhere else.
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,17 +16,10 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from loguru import logger
 
-from cri_proxy.relay.hooks import HookError, Hooks
+from cri_proxy.relay.hooks import FailPolicy, HookError, Hooks
 from cri_proxy.relay.methods import MethodInfo
 
 CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
-
-
-class FailPolicy(enum.Enum):
-    """What a hook's own failure does to the call (Koordinator's Ignore/Fail)."""
-
-    IGNORE = "ignore"  # forward the request unchanged and report
-    FAIL = "fail"  # refuse the call with INTERNAL / INVALID_ARGUMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +54,17 @@ class HookRunner:
         key = (info.name, hook)
         self.seconds[key] = self.seconds.get(key, 0.0) + perf_counter() - began
 
-    def unreadable(self, info: MethodInfo, why: str) -> PreOutcome:
+    def _policy(self, hooks: Hooks | None) -> FailPolicy:
+        """The method's own fail policy, else the configured default."""
+        if hooks is not None and hooks.fail_policy is not None:
+            return hooks.fail_policy
+        return self.fail_policy()
+
+    def unreadable(self, info: MethodInfo, why: str, hooks: Hooks | None = None) -> PreOutcome:
         """A request the relay cannot unpack (not one message, unknown compression)."""
         logger.warning("{}: {}; forwarded without hooks", info.path, why)
         self.runs[(info.name, "pre", "unreadable")] += 1
-        if self.fail_policy() is FailPolicy.FAIL:
+        if self._policy(hooks) is FailPolicy.FAIL:
             return Refuse(grpc.StatusCode.INVALID_ARGUMENT.value[0], f"cri-proxy: {info.name}: {why}")
         return Forward(None, None)
 
@@ -78,7 +76,7 @@ class HookRunner:
         except DecodeError as exc:
             self._count(info, "pre", "undecodable", began)
             logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
-            if self.fail_policy() is FailPolicy.FAIL:
+            if self._policy(hooks) is FailPolicy.FAIL:
                 code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
                 return Refuse(code, f"cri-proxy: {info.name} request does not decode: {exc}")
             return Forward(None, None)
@@ -94,7 +92,7 @@ class HookRunner:
         except Exception as exc:  # a hook bug must never take the call down with it
             self._count(info, "pre", "error", began)
             logger.opt(exception=exc).error("{}: pre hook failed: {}", info.path, exc)
-            if self.fail_policy() is FailPolicy.FAIL:
+            if self._policy(hooks) is FailPolicy.FAIL:
                 return Refuse(grpc.StatusCode.INTERNAL.value[0], f"cri-proxy: {info.name} hook failed: {exc}")
             return Forward(None, message)
         self._count(info, "pre", "ok", began)

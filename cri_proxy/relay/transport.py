@@ -20,8 +20,8 @@ from cri_proxy.relay import standin
 from cri_proxy.relay.core import CancelPre, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
 from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.forward import CallObserver
-from cri_proxy.relay.hookrun import CODES, FailPolicy, Forward, HookRunner
-from cri_proxy.relay.hooks import HookTable
+from cri_proxy.relay.hookrun import CODES, Forward, HookRunner
+from cri_proxy.relay.hooks import FailPolicy, HookTable
 from cri_proxy.relay.methods import KNOWN
 
 CONNECT_TIMEOUT = 5.0
@@ -312,7 +312,7 @@ class Link(asyncio.Protocol):
         runner = self.relay.runner
         try:
             if event.message is None:
-                outcome = runner.unreadable(event.info, event.why)
+                outcome = runner.unreadable(event.info, event.why, event.hooks)
             else:
                 outcome = await runner.pre(event.info, event.hooks, event.message)
         except asyncio.CancelledError:

@@ -151,9 +151,6 @@ def test_the_handshake_is_answered_from_the_first_byte() -> None:
             await client.until(of(h2.events.RemoteSettingsChanged))
             await client.until(of(h2.events.SettingsAcknowledged))
             await client.until(of(h2.events.PingAckReceived))
-            changed = next(e for e in client.events if isinstance(e, h2.events.RemoteSettingsChanged))
-            # the proxy tells the client the header list size it holds it to
-            assert h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE in changed.changed_settings
             sid = client.request(VERSION, grpc_body(v1.VersionRequest(version="v1")))
             assert await client.until(status_of(sid)) == "0"
             client.close()
@@ -189,7 +186,7 @@ def test_a_header_block_over_the_cap_ends_the_connection_with_protocol_error() -
             sid = 1
             block = b"\x00" + wire.hpack_string(b"x-a") + wire.hpack_string(b"b" * 16000)
             client.raw(wire.frame(wire.HEADERS, 0, sid, block))
-            for _ in range(40):
+            for _ in range(140):  # past the 2 MiB cap
                 client.raw(wire.frame(wire.CONTINUATION, 0, sid, block))
             ended = await client.until(of(h2.events.ConnectionTerminated))
             assert ended.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
