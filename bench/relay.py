@@ -83,6 +83,61 @@ def measure(name: str, path: str, request: bytes, direct: Target, proxy: Target,
     return row
 
 
+def sequential(direct: Target, proxy: Target, n: int) -> None:
+    """`n` Version calls one after another on each path (in blocks, interleaved): total time ratio."""
+    path = "/runtime.v1.RuntimeService/Version"
+    request = pb.VersionRequest(version="v1").SerializeToString()
+    d_call, p_call = direct.call(path), proxy.call(path)
+    totals = {"direct": 0.0, "proxy": 0.0}
+    block = 1000
+    for i in range(0, n, block):
+        order = (
+            (("direct", d_call), ("proxy", p_call))
+            if (i // block) % 2 == 0
+            else (("proxy", p_call), ("direct", d_call))
+        )
+        for name, fn in order:
+            t0 = time.perf_counter()
+            for _ in range(min(block, n - i)):
+                fn(request, timeout=30)
+            totals[name] += time.perf_counter() - t0
+    print(
+        f"{n} sequential Version: direct {totals['direct']:.2f} s, proxy {totals['proxy']:.2f} s,"
+        f" ratio {totals['proxy'] / totals['direct']:.2f}",
+        flush=True,
+    )
+
+
+def hooked_create(address_direct: str, direct: Target, proxy: Target, n: int) -> None:
+    """CreateContainer (hooked in the proxy) direct and through the proxy, interleaved: added p50."""
+    from kube import container_config, pod_sandbox_config
+
+    path = "/runtime.v1.RuntimeService/CreateContainer"
+    rt = direct.channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+    pod = pod_sandbox_config(pb, "bench-hooked", qos="besteffort", labels={"bench": "hooked"})
+    pod_id = pb.RunPodSandboxResponse.FromString(
+        rt(pb.RunPodSandboxRequest(config=pod).SerializeToString(), timeout=60)
+    ).pod_sandbox_id
+    d_call, p_call = direct.call(path), proxy.call(path)
+    d: list[float] = []
+    p: list[float] = []
+    for i in range(n):
+        for name, fn, out in (
+            (("d", d_call, d), ("p", p_call, p)) if i % 2 == 0 else (("p", p_call, p), ("d", d_call, d))
+        ):
+            cfg = container_config(pb, pod, f"h{name}{i}")
+            request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod)
+            t0 = time.perf_counter()
+            fn(request.SerializeToString(), timeout=60)
+            out.append(time.perf_counter() - t0)
+    dp, pp = percentile(d, 0.5), percentile(p, 0.5)
+    print(
+        f"CreateContainer (hooked) direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms"
+        f" | added p50 {(pp - dp) * 1e3:.3f} ms",
+        flush=True,
+    )
+
+
 def populate(address: str, pods: int, per_pod: int, annotation_bytes: int = 0, label: str = "") -> str:
     """Create pods with created (not started) containers through `address`; returns the last pod id."""
     from kube import container_config, pod_sandbox_config
@@ -117,6 +172,7 @@ def main() -> None:
     )
     parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd")
     parser.add_argument("-n", type=int, default=1000, help="samples per path for tiny calls")
+    parser.add_argument("--sequential", type=int, default=20000, help="sequential Version calls per path")
     parser.add_argument(
         "--relay-mode", choices=("grpc", "frames"), default=None, help="passed to `cri-proxy serve`"
     )
@@ -158,6 +214,7 @@ def main() -> None:
             proxy,
             args.n,
         )
+        sequential(direct, proxy, args.sequential)
         populate(runtime_address, 1, 10)
         measure("ListPodSandbox (1 pod)", rs + "ListPodSandbox", empty, direct, proxy, args.n)
         measure("ListImages", "/runtime.v1.ImageService/ListImages", empty, direct, proxy, args.n)
@@ -167,6 +224,7 @@ def main() -> None:
         big_pod = populate(runtime_address, 1, 256, annotation_bytes=BIG_ANNOTATION, label="big")
         big = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=big_pod)).SerializeToString()
         measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
+        hooked_create(runtime_address, direct, proxy, max(40, args.n // 10))
         print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
     finally:
         stop_all(procs)

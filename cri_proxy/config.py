@@ -34,7 +34,9 @@ class Config:
     max_send_message_bytes: int = 16 * MIB
     shutdown_grace_seconds: float = 10.0
     fail_policy: str = "ignore"
-    relay_mode: str = "frames"  # "frames" (HTTP/2 frame relay, fastpath.py) or "grpc" (grpc.aio relay)
+    relay_mode: str = "frames"  # "frames" (HTTP/2 frame relay, relay/core.py) or "grpc" (grpc.aio relay)
+    relay_buffer_bytes: int = 32 * MIB  # frames mode: bytes one connection may hold (held requests, backlog)
+    relay_buffer_total_bytes: int = 256 * MIB  # frames mode: ... all connections together
     log_level: str = "INFO"
     socket_group: str = ""
     admin_listen: str = ""  # the admin socket (introspection, health); empty: admin.sock beside `listen`
@@ -69,6 +71,16 @@ class Config:
             raise ConfigError(f"fail_policy: must be 'ignore' or 'fail', not {self.fail_policy!r}")
         for key, (low, high) in NUMBERS.items():
             _check_number(key, getattr(self, key), low, high)
+        if self.relay_buffer_bytes < self.max_recv_message_bytes + 1024:
+            raise ConfigError(
+                f"relay_buffer_bytes: must hold one largest message (max_recv_message_bytes + 1024 ="
+                f" {self.max_recv_message_bytes + 1024}), not {self.relay_buffer_bytes}"
+            )
+        if self.relay_buffer_total_bytes < self.relay_buffer_bytes:
+            raise ConfigError(
+                f"relay_buffer_total_bytes: must be at least relay_buffer_bytes ({self.relay_buffer_bytes}),"
+                f" not {self.relay_buffer_total_bytes}"
+            )
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(f"log_level: unknown level {self.log_level!r}")
         for key in ("reserved_cpus", "system_cpus"):
@@ -111,6 +123,8 @@ NUMBERS: dict[str, tuple[float, float]] = {
     "reconcile_period_seconds": (0.0, DAY),  # 0: passes only on changes
     "kubelet_poll_seconds": (0.01, DAY),  # 0 would poll in a busy loop
     "reconcile_concurrency": (1, 1024),
+    "relay_buffer_bytes": (2048, 1 << 40),
+    "relay_buffer_total_bytes": (2048, 1 << 40),
 }
 """Numeric keys and their inclusive bounds; nan and infinities are refused for every one."""
 

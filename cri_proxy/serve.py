@@ -222,6 +222,8 @@ class Proxy:
             "containers": len(self.state.containers()),
             "runtime_up": self.probe.up,
             "injections": dict(self.hooks.injected),
+            "hook_runs": dict(self.relay.forwarder.runner.runs),
+            "hook_seconds": dict(self.relay.forwarder.runner.seconds),
             "problem_kinds": [str(p.kind) for p in self.policy.plan().problems],
             "reconcile": vars(self.reconciler.totals),
         }

@@ -90,6 +90,20 @@ class StateCollector(Collector):
         for qos, n in sorted(s["injections"].items()):
             injections.add_metric([qos], n)
         yield injections
+        runs = CounterMetricFamily(
+            "cri_proxy_hook_runs",
+            "hook runs, by method, hook and outcome",
+            labels=["method", "hook", "outcome"],
+        )
+        for (method, hook, outcome), n in sorted(s.get("hook_runs", {}).items()):
+            runs.add_metric([method, hook, outcome], n)
+        yield runs
+        seconds = CounterMetricFamily(
+            "cri_proxy_hook_seconds", "time spent in hooks, by method and hook", labels=["method", "hook"]
+        )
+        for (method, hook), total in sorted(s.get("hook_seconds", {}).items()):
+            seconds.add_metric([method, hook], total)
+        yield seconds
         problems = GaugeMetricFamily(
             "cri_proxy_problems", "problems in the current decision, by kind", labels=["kind"]
         )

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
 from collections.abc import AsyncIterator, Callable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 
 import grpc
 import grpc.aio
-from google.protobuf.message import DecodeError, Message
-from loguru import logger
 
-from cri_proxy.relay.hooks import HookError, Hooks, HookTable
+from cri_proxy.relay.hookrun import CODES, Forward, HookRunner
+from cri_proxy.relay.hooks import FailPolicy, Hooks, HookTable
 from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
+
+__all__ = ["UPSTREAM_SECONDS", "CallObserver", "FailPolicy", "Forwarder"]
 
 if TYPE_CHECKING:  # grpc's classes are generic only in the stubs
     Context: TypeAlias = grpc.aio.ServicerContext[bytes, bytes]
@@ -84,13 +84,6 @@ def _measured(observer: CallObserver, path: str, behaviour: Any) -> Any:
     return measured
 
 
-class FailPolicy(enum.Enum):
-    """What a hook's own failure does to the call (Koordinator's Ignore/Fail)."""
-
-    IGNORE = "ignore"  # forward the request unchanged and report
-    FAIL = "fail"  # refuse the call with INTERNAL / INVALID_ARGUMENT
-
-
 def _forwardable(metadata: Any) -> tuple[tuple[str, str | bytes], ...] | None:
     if not metadata:
         return None
@@ -112,6 +105,7 @@ class Forwarder(GenericHandler):
         self._endpoint = runtime_endpoint
         self._hooks = hooks if hooks is not None else HookTable()
         self._fail_policy = fail_policy  # read per call: a reload may change it
+        self.runner = HookRunner(fail_policy)  # the same runner the frame relay uses
         self.observer: CallObserver | None = None  # set before serving; read when handlers are made
         self._handlers: dict[str, Handler] = {}
         self._unknown = 0
@@ -176,15 +170,15 @@ class Forwarder(GenericHandler):
         return response
 
     def _hooked_unary(self, upstream: Any, info: MethodInfo, hooks: Hooks) -> Any:
+        runner = self.runner
+
         async def behaviour(request: bytes, context: Context) -> bytes:
-            message: Message | None = None
-            if hooks.pre is not None or hooks.post is not None or hooks.failed is not None:
-                message = await self._decode_request(info, request, context)
-            if hooks.pre is not None and message is not None:
-                changed = await self._run_pre(hooks, info, message, context)
-                if changed is not None:
-                    message = changed
-                    request = changed.SerializeToString()
+            outcome = await runner.pre(info, hooks, request)
+            if not isinstance(outcome, Forward):
+                await context.abort(CODES[outcome.code], outcome.message)
+            message = outcome.request
+            if outcome.message is not None:
+                request = outcome.message
             call = upstream(
                 request,
                 metadata=_forwardable(context.invocation_metadata()),
@@ -195,56 +189,20 @@ class Forwarder(GenericHandler):
                 response: bytes = await call
             except grpc.aio.AioRpcError as error:
                 UPSTREAM_SECONDS.set(perf_counter() - began)
-                if hooks.failed is not None and message is not None:
-                    await _observe(hooks.failed, message, error.code(), info)
+                if message is not None:
+                    await runner.failed(info, hooks, message, error.code().value[0])
                 await self._abort(context, error)
             except asyncio.CancelledError:  # the caller went away: roll back as for a failure
-                if hooks.failed is not None and message is not None:
-                    await _observe(hooks.failed, message, grpc.StatusCode.CANCELLED, info)
+                if message is not None:
+                    await runner.failed(info, hooks, message, grpc.StatusCode.CANCELLED.value[0])
                 raise
             UPSTREAM_SECONDS.set(perf_counter() - began)
-            if hooks.post is not None and message is not None:
-                try:
-                    decoded = info.response_type.FromString(response)
-                except DecodeError as exc:
-                    logger.warning(
-                        "{}: cannot decode the runtime's response for post hook: {}", info.path, exc
-                    )
-                else:
-                    await _observe(hooks.post, message, decoded, info)
+            if message is not None:
+                await runner.post(info, hooks, message, response)
             await _copy_metadata(call, context)
             return response
 
         return behaviour
-
-    async def _decode_request(self, info: MethodInfo, request: bytes, context: Context) -> Message | None:
-        """Decode for the hooks; a request that does not decode goes to the runtime as sent."""
-        try:
-            return info.request_type.FromString(request)
-        except DecodeError as exc:
-            logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
-            if self.fail_policy is FailPolicy.FAIL:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"cri-proxy: {info.name} request does not decode: {exc}"
-                )
-            return None
-
-    async def _run_pre(
-        self, hooks: Hooks, info: MethodInfo, message: Message, context: Context
-    ) -> Message | None:
-        """Run the pre hook on a copy; None means forward the original bytes unchanged."""
-        assert hooks.pre is not None
-        work = type(message)()
-        work.CopyFrom(message)
-        try:
-            return await hooks.pre(work, info)
-        except HookError as exc:
-            await context.abort(exc.code, exc.message)
-        except Exception as exc:  # a hook bug must never take the call down with it
-            logger.opt(exception=exc).error("{}: pre hook failed: {}", info.path, exc)
-            if self.fail_policy is FailPolicy.FAIL:
-                await context.abort(grpc.StatusCode.INTERNAL, f"cri-proxy: {info.name} hook failed: {exc}")
-        return None
 
     def _server_stream(self, upstream: Any) -> Any:
         relay = self._relay_stream
@@ -342,14 +300,6 @@ async def _replay(
             return
     async for item in rest:
         yield item
-
-
-async def _observe(hook: Any, *args: Any) -> None:
-    """Run a post/failed hook; its failure is logged, never shown to the caller."""
-    try:
-        await hook(*args)
-    except Exception as exc:
-        logger.opt(exception=exc).error("post hook failed: {}", exc)
 
 
 async def _copy_initial(call: Any, context: Context) -> None:

@@ -7,6 +7,7 @@ the same fields). Methods without hooks are never decoded.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -35,11 +36,19 @@ class HookError(CriProxyError):
         self.message = message
 
 
+class FailPolicy(enum.Enum):
+    """What a hook's own failure does to the call (Koordinator's Ignore/Fail)."""
+
+    IGNORE = "ignore"  # forward the request unchanged and report
+    FAIL = "fail"  # refuse the call with INTERNAL / INVALID_ARGUMENT
+
+
 @dataclass(frozen=True, slots=True)
 class Hooks:
     pre: PreHook | None = None
     post: PostHook | None = None
     failed: FailedHook | None = None
+    fail_policy: FailPolicy | None = None  # this method's own; None: the configured default
 
 
 class HookTable:
@@ -56,6 +65,7 @@ class HookTable:
         post: PostHook | None = None,
         failed: FailedHook | None = None,
         service: str = "RuntimeService",
+        fail_policy: FailPolicy | None = None,
     ) -> None:
         """Hook `service/name` in every API version this build knows."""
         if service not in SERVICES:
@@ -66,7 +76,7 @@ class HookTable:
         for path in paths:
             if KNOWN[path].shape is not Shape.UNARY:
                 raise ValueError(f"{service}/{name} is streaming; only unary methods take hooks")
-            self._by_path[path] = Hooks(pre=pre, post=post, failed=failed)
+            self._by_path[path] = Hooks(pre=pre, post=post, failed=failed, fail_policy=fail_policy)
 
     def get(self, path: str) -> Hooks | None:
         return self._by_path.get(path)

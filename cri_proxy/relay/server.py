@@ -16,9 +16,9 @@ from loguru import logger
 from cri_proxy.config import Config
 from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, secure_socket, socket_path
 from cri_proxy.errors import EndpointError
-from cri_proxy.relay.fastpath import FrameRelay, bind_unix
 from cri_proxy.relay.forward import FailPolicy, Forwarder
 from cri_proxy.relay.hooks import HookTable
+from cri_proxy.relay.transport import FrameRelay, bind_unix
 
 SOCKET_MODE = 0o660
 
@@ -45,7 +45,7 @@ class Relay:
     """The running proxy server on the CRI socket: `start()`, then `wait()` or `stop()`.
 
     relay_mode "grpc": a grpc.aio server carrying the forwarder alone on `listen`.
-    relay_mode "frames": the frame relay on `listen` (fastpath.py). Either way the socket carries
+    relay_mode "frames": the frame relay on `listen` (transport.py, core.py). Either way the socket carries
     CRI only: the proxy's own services are on the admin socket (cri_proxy/daemon/admin.py).
     """
 
@@ -65,14 +65,18 @@ class Relay:
         self._socket = socket_path(config.listen)
         self._bound = False  # only a socket we bound is ours to remove
         self._stopped = asyncio.Event()
-        # relay_mode "frames": HTTP/2 frames relayed per connection (fastpath.py) instead of self.server
+        # relay_mode "frames": HTTP/2 frames relayed per connection (relay/core.py) instead of self.server
         self.frames: FrameRelay | None = None
         if config.relay_mode == "frames":
             if self._socket is None:
                 raise EndpointError(f"relay_mode 'frames' needs a unix:// listen endpoint: {config.listen!r}")
-            # fail policy and metrics observer are read from the forwarder, where serve.py sets them
+            # fail policy, metrics observer and hook runner are the forwarder's (serve.py sets them)
             self.frames = FrameRelay(
-                config, hooks, lambda: self.forwarder.fail_policy, lambda: self.forwarder.observer
+                config,
+                hooks,
+                lambda: self.forwarder.fail_policy,
+                lambda: self.forwarder.observer,
+                runner=self.forwarder.runner,
             )
 
     async def start(self) -> None:

@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 
 from cri_api.v1 import api_pb2 as v1
 from cri_api.v1alpha2 import api_pb2 as v1alpha2
-from cri_proxy.relay.hooks import HookError, HookTable
+from cri_proxy.relay.hooks import FailPolicy, HookError, HookTable
 from cri_proxy.relay.methods import MethodInfo
 from tests.unit.relay_support import bed, run
 
@@ -123,14 +123,24 @@ def test_unknown_fields_reach_the_runtime_after_a_hook_rewrites_the_request() ->
     assert received[0].count(UNKNOWN_FIELD) == 2  # top level and inside ContainerConfig
 
 
-@pytest.mark.parametrize(("policy", "expect_code"), [("ignore", None), ("fail", grpc.StatusCode.INTERNAL)])
-def test_a_hook_that_raises_follows_the_fail_policy(policy: str, expect_code: grpc.StatusCode | None) -> None:
+@pytest.mark.parametrize(
+    ("policy", "own", "expect_code"),
+    [
+        ("ignore", None, None),
+        ("fail", None, grpc.StatusCode.INTERNAL),
+        ("ignore", FailPolicy.FAIL, grpc.StatusCode.INTERNAL),  # the hook's own policy wins
+        ("fail", FailPolicy.IGNORE, None),
+    ],
+)
+def test_a_hook_that_raises_follows_the_fail_policy(
+    policy: str, own: FailPolicy | None, expect_code: grpc.StatusCode | None
+) -> None:
     async def pre(request: Message, info: MethodInfo) -> Message:
         request.config.linux.resources.cpuset_cpus = "7"  # type: ignore[attr-defined]
         raise RuntimeError("hook bug")
 
     hooks = HookTable()
-    hooks.register("CreateContainer", pre=pre)
+    hooks.register("CreateContainer", pre=pre, fail_policy=own)
 
     async def main() -> None:
         async with bed(hooks, fail_policy=policy) as b, b.channel() as ch:

@@ -1,4 +1,4 @@
-"""HTTP/2 frame and HPACK helpers for the frame relay: pure functions on bytes, no I/O.
+"""HTTP/2 wire format for the frame relay: the one frame splitter, frame and HPACK encoders. No I/O.
 
 The frame relay forwards the client's frames unchanged and only ever *adds* frames of its own
 (a rewritten request's DATA, a refusal's HEADERS, WINDOW_UPDATE, RST_STREAM, GOAWAY). The header
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import TypeAlias
+
+Buf: TypeAlias = bytes | bytearray
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER_LEN = 9
@@ -37,11 +40,14 @@ PRIORITY_FLAG = 0x20
 SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
+SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
 
 # error codes
 NO_ERROR = 0x0
 PROTOCOL_ERROR = 0x1
 INTERNAL_ERROR = 0x2
+FLOW_CONTROL_ERROR = 0x3
+FRAME_SIZE_ERROR = 0x6
 CANCEL = 0x8
 COMPRESSION_ERROR = 0x9
 
@@ -55,6 +61,80 @@ _GRPC_PREFIX = struct.Struct(">BI")
 
 class FrameError(ValueError):
     """A frame the relay cannot make sense of (bad padding, short payload)."""
+
+
+class PrefaceError(ValueError):
+    """The client's first bytes are not the HTTP/2 connection preface."""
+
+
+class FrameTooLarge(ValueError):
+    """A frame longer than the receiving peer's SETTINGS_MAX_FRAME_SIZE; `at` is its offset."""
+
+    def __init__(self, at: int, length: int) -> None:
+        super().__init__(f"frame of {length} bytes is over the peer's maximum frame size")
+        self.at = at
+
+
+Frame: TypeAlias = tuple[int, int, int, int, int]  # (offset, end, type, flags, stream id)
+
+
+class FrameSplitter:
+    """Splits one direction's byte stream into whole frames: the only frame parser of the relay.
+
+    `feed(data)` gives the buffer and its complete frames, as offsets (a frame's payload is
+    buf[offset + 9:end]); bytes of an incomplete frame stay until `keep(buf, at)` is told where
+    the consumer stopped. The client's connection preface is checked and skipped first.
+    """
+
+    __slots__ = ("buf", "max_frame", "preface_left")
+
+    def __init__(self, preface: bool) -> None:
+        self.buf = bytearray()
+        self.preface_left = len(PREFACE) if preface else 0
+        self.max_frame = DEFAULT_MAX_FRAME_SIZE  # the receiving peer's SETTINGS_MAX_FRAME_SIZE
+
+    def feed(self, data: bytes) -> tuple[Buf, int, list[Frame]]:
+        """(buffer, where its frames start, the complete frames); raises PrefaceError, FrameTooLarge."""
+        if self.buf:
+            self.buf += data
+            buf: Buf = self.buf
+        else:
+            buf = data
+        size = len(buf)
+        off = 0
+        if self.preface_left:
+            done = len(PREFACE) - self.preface_left
+            take = min(self.preface_left, size)
+            if buf[:take] != PREFACE[done : done + take]:
+                raise PrefaceError("the client did not open with the HTTP/2 connection preface")
+            self.preface_left -= take
+            off = take
+        first = off
+        frames: list[Frame] = []
+        head = _HEAD.unpack_from
+        limit = self.max_frame
+        while size - off >= HEADER_LEN:
+            high, low, ftype, flags, stream = head(buf, off)
+            length = (high << 8) | low
+            if length > limit:
+                raise FrameTooLarge(off, length)
+            end = off + HEADER_LEN + length
+            if end > size:
+                break
+            frames.append((off, end, ftype, flags, stream & 0x7FFFFFFF))
+            off = end
+        return buf, first, frames
+
+    def keep(self, buf: Buf, at: int) -> None:
+        """The consumer used `buf` up to `at`: keep the rest for the next feed."""
+        if buf is self.buf:
+            del self.buf[:at]
+        elif at < len(buf):
+            self.buf = bytearray(buf[at:])
+
+    def pending(self) -> int:
+        """Bytes held for an incomplete frame (or not yet consumed)."""
+        return len(self.buf)
 
 
 def read_head(buf: bytes | bytearray, offset: int) -> tuple[int, int, int, int]:

@@ -1,0 +1,775 @@
+"""The link core: one client connection and its runtime connection as a pure object (sans-IO).
+
+Fed bytes from either side (`receive_from_client`, `receive_from_runtime`), the end of a pre hook
+(`hook_finished`) and the loss of either side, it says what to write where (`take_client`,
+`take_runtime`), which hooks to run (`events`) and whether to close (`closing`). It reads no clock
+(callers pass `now`), opens no socket and runs no task.
+
+Frames pass through unchanged, so SETTINGS, PING, WINDOW_UPDATE, GOAWAY and stream ids are the
+two peers' own from the first byte. The core adds frames of its own only: a hooked request's DATA
+(within the runtime's windows), WINDOW_UPDATEs for request bytes it holds, RST_STREAM and status
+HEADERS of calls it ends, and GOAWAY when it cuts a client off. Those never touch either side's
+HPACK dynamic table and never go inside an open header block.
+
+Protocol errors: what the runtime would reject (bad preface, oversized frame, broken header
+block) is passed to the runtime, which answers with its own error code and scope; the client's
+later bytes are dropped. DATA past the client's window goes on too (the runtime judges it), never
+held. The core answers itself only for its own limits: a header block over the cap (GOAWAY
+PROTOCOL_ERROR), a header list over 16 MiB (RST_STREAM FRAME_SIZE_ERROR, that stream only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+
+from cri_proxy.relay import messages, wire
+from cri_proxy.relay.flow import Budget, Windows
+from cri_proxy.relay.headerblock import BlockError, HeaderBlocks, header_value
+from cri_proxy.relay.hooks import Hooks
+from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
+from cri_proxy.relay.streams import HookedRequest, Stream
+from cri_proxy.relay.wire import Buf
+
+# gRPC status codes (numbers, so that the core needs no gRPC import)
+OK = 0
+CANCELLED = 1
+UNKNOWN = 2
+RESOURCE_EXHAUSTED = 8
+INTERNAL = 13
+UNAVAILABLE = 14
+
+Observer = Callable[[str, int, float, float], None]  # (path, code, total seconds, runtime seconds)
+
+
+# -- what the core asks its adapter to do -----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RunPre:
+    """Run the pre hook on the request `message` (None: not readable, `why` says why)."""
+
+    stream: int
+    info: MethodInfo
+    hooks: Hooks
+    message: bytes | None
+    why: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunPost:
+    info: MethodInfo
+    hooks: Hooks
+    request: Message
+    response: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed:
+    info: MethodInfo
+    hooks: Hooks
+    request: Message
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelPre:
+    stream: int
+
+
+Event = RunPre | RunPost | RunFailed | CancelPre
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What bounds a link (from the config)."""
+
+    message: int = 16 << 20  # largest gRPC message either way
+    buffer: int = 32 << 20  # bytes a link may hold (held requests, frames waiting for window)
+    header_list: int = 16 << 20  # decoded header list limit: grpc-go's default (containerd's, unannounced)
+    header_block: int = 2 << 20  # encoded bytes of one header block (bounds decoding; then GOAWAY)
+
+
+@dataclass(frozen=True, slots=True)
+class PreDone:
+    """What the adapter hands back when a pre hook ended: the request to send, or a refusal."""
+
+    message: bytes | None  # the request to send instead of the caller's (None: the caller's)
+    request: Message | None  # as forwarded, for the post/failed hooks
+    refuse: tuple[int, str] | None = None  # (gRPC code, message): answer the caller with this
+
+
+class LinkCore:
+    """A client connection relayed to the runtime, as state fed with bytes."""
+
+    def __init__(
+        self,
+        hooks: Callable[[str], Hooks | None],
+        limits: Limits,
+        budget: Budget | None = None,
+        observer: Observer | None = None,
+        decode_client: bool = True,
+        decode_runtime: bool = True,
+        runtime_name: str = "runtime",
+    ) -> None:
+        self.hooks = hooks
+        self.limits = limits
+        self.budget = budget if budget is not None else Budget(1 << 62)
+        self.observer = observer
+        self.runtime_name = runtime_name
+        self.c_split = wire.FrameSplitter(preface=True)
+        self.r_split = wire.FrameSplitter(preface=False)
+        self.r_split.max_frame = (1 << 24) - 1  # the runtime is trusted with its frame sizes
+        self.c_block = HeaderBlocks(decode_client, limits.header_block, limits.header_list)
+        self.r_block = HeaderBlocks(decode_runtime, 1 << 62, 1 << 62)
+        self.win = Windows()
+        self.streams: dict[int, Stream] = {}
+        self.last_stream = 0
+        self.dropping: set[int] = set()  # response streams we ended ourselves
+        self.out_c: list[Buf] = []
+        self.out_r: list[Buf] = []
+        self.own_c: list[Buf] = []  # our frames for the client, waiting for a frame boundary
+        self.own_r: list[tuple[Buf, int]] = []  # ... for the runtime, with their flow
+        self.credit: dict[int, int] = {}  # stream (0: connection) -> WINDOW_UPDATE owed to the client
+        self.events: list[Event] = []
+        self.held = 0  # request bytes held for hooks on this link
+        self.stalled = 0  # a stream whose hooked request must go before the client's next frames
+        self.client_dead = False  # the client broke the protocol: its further bytes are dropped
+        self.runtime_lost_code = 0  # the runtime went away: the calls it had end with this
+        self.goaway_sent = False  # a GOAWAY reached the client (the runtime's or ours)
+        self.closing = False  # close both connections once the output is written
+        self.warnings: list[str] = []
+        # pre hooks cancelled with their call: if one finished first, its work is rolled back
+        self.orphans: dict[int, tuple[MethodInfo, Hooks, int]] = {}
+
+    # -- output -----------------------------------------------------------------------------------
+    def take_client(self) -> list[Buf]:
+        out, self.out_c = self.out_c, []
+        return out
+
+    def take_runtime(self) -> list[Buf]:
+        out, self.out_r = self.out_r, []
+        return out
+
+    def take_events(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out
+
+    def buffered(self) -> int:
+        """Bytes the link holds (what its bound is about): frames in progress, held, waiting."""
+        return (
+            self.c_split.pending()
+            + self.r_split.pending()
+            + self.held
+            + self.win.queued
+            + sum(len(c) for c in self.own_c)
+            + sum(len(c) for c, _ in self.own_r)
+            + self.c_block.pending_bytes()
+            + self.r_block.pending_bytes()
+        )
+
+    def wants_client(self) -> bool:
+        """Whether the client's bytes should be read now (False while its frames wait or pile up)."""
+        return not self.stalled and self.win.queued + self.held < self.limits.buffer
+
+    def _own_to_runtime(self, chunk: Buf, flow: int = 0) -> None:
+        self.own_r.append((chunk, flow))
+
+    def _own_to_client(self, chunk: Buf) -> None:
+        self.own_c.append(chunk)
+
+    def _flush_own_r(self) -> None:
+        if self.own_r and not self.c_block.open:
+            own, self.own_r = self.own_r, []
+            for chunk, flow in own:
+                self.win.send(chunk, flow, self.out_r)
+
+    def _flush_own_c(self) -> None:
+        if self.own_c and not self.r_block.open:
+            self.out_c.extend(self.own_c)
+            self.own_c = []
+
+    # -- client -> runtime ------------------------------------------------------------------------
+    def receive_from_client(self, data: bytes, now: float = 0.0) -> None:
+        if self.client_dead or self.closing:
+            return
+        try:
+            buf, off, frames = self.c_split.feed(data)
+        except (wire.PrefaceError, wire.FrameTooLarge):
+            return self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
+        self._client_frames(buf, off, frames, now)
+
+    def _client_frames(self, buf: Buf, off: int, frames: list[wire.Frame], now: float) -> None:
+        start = 0  # the span of frames passed through unchanged, not yet written
+        win = self.win
+        out = self.out_r
+        streams = self.streams
+        for at, end, ftype, flags, sid in frames:
+            if self.stalled:
+                end = at
+                break
+            if self.c_block.open and ftype != wire.CONTINUATION:
+                return self._client_broke(buf[start:])
+            keep = True
+            if ftype == wire.DATA:
+                flow = end - at - wire.HEADER_LEN
+                win.client_allowance -= flow
+                st = streams.get(sid)
+                if st is not None and st.hook is not None and not st.hook.released:
+                    keep = False
+                    try:
+                        self._hold(st, st.hook, flags, buf, at + wire.HEADER_LEN, end, flow)
+                    except wire.FrameError:
+                        return self._client_broke(buf[start:])
+                elif win.client_allowance < 0 and not win.backlog:
+                    # past the window it was given: the runtime judges it, as it would directly
+                    # (grpc-go lets some through); nothing is held for it here
+                    win.runtime_window -= flow
+                elif win.backlog or flow > win.runtime_window:
+                    if start < at:
+                        win.send(buf[start:at], 0, out)
+                    win.send(buf[at:end], flow, out)
+                    keep = False
+                else:
+                    win.runtime_window -= flow
+            elif ftype == wire.HEADERS or ftype == wire.CONTINUATION:
+                try:
+                    keep = self._client_headers(ftype, flags, sid, buf, at, end, now)
+                except BlockError as exc:
+                    if self.c_block.size > self.limits.header_block:
+                        if start < at:
+                            win.send(buf[start:at], 0, out)
+                        return self._cut_off(wire.PROTOCOL_ERROR, str(exc))
+                    return self._client_broke(buf[start:])
+                if self.stalled:  # trailers of a hooked request: they wait for it
+                    end = at
+                    break
+            elif ftype == wire.RST_STREAM:
+                self._reset(sid, CANCELLED)
+            elif ftype == wire.SETTINGS:
+                if flags & wire.ACK:
+                    self.c_block.acknowledged()  # of the runtime's SETTINGS: its table size binds the client
+                else:  # the client's table size binds the runtime's encoder once the runtime ACKs it
+                    self.r_block.announced(buf[at + wire.HEADER_LEN : end])
+            if not keep:
+                if start < at:
+                    win.send(buf[start:at], 0, out)
+                start = end
+            if self.own_r and not self.c_block.open:
+                if start < end:
+                    win.send(buf[start:end], 0, out)
+                start = end
+                self._flush_own_r()
+        else:
+            end = frames[-1][1] if frames else off
+        if start < end:
+            if start == 0 and end == len(buf) and isinstance(buf, bytes):
+                win.send(buf, 0, out)
+            else:
+                win.send(buf[start:end], 0, out)
+        self.c_split.keep(buf, end)
+        self._flush_own_r()
+        if self.credit:
+            self._give_credit()
+        self._flush_own_c()
+
+    def _client_headers(
+        self, ftype: int, flags: int, sid: int, buf: Buf, at: int, end: int, now: float
+    ) -> bool:
+        """Follow the client's header blocks; True when the frame passes (always, unless it must wait)."""
+        block = self.c_block
+        payload = buf[at + wire.HEADER_LEN : end]
+        if ftype == wire.HEADERS:
+            st = self.streams.get(sid)
+            if st is not None and st.hook is not None and not st.hook.released and not block.open:
+                # trailers: the held request goes first, so these frames wait until it went
+                self._end_request(st, st.hook, trailers=True)
+                if self.stalled:
+                    return True
+            done = block.headers(flags, sid, payload)
+        else:
+            done = block.continuation(flags, sid, payload)
+        if not done:
+            return True
+        decoded = block.decode()
+        sid = block.sid
+        if sid in self.streams or sid <= self.last_stream or not sid & 1:
+            return True  # trailers, or a stream the runtime will judge
+        self.last_stream = sid
+        if decoded is None:
+            return True
+        headers, size = decoded
+        if size > self.limits.header_list:
+            # the runtime has the block (its HPACK state must follow); the stream ends here
+            self.dropping.add(sid)
+            self._own_to_runtime(wire.rst_stream(sid, wire.CANCEL))
+            self._own_to_client(wire.rst_stream(sid, wire.FRAME_SIZE_ERROR))
+            return True
+        raw_path = header_value(headers, b":path")
+        path = raw_path.decode("utf-8", "replace") if raw_path is not None else ""
+        info = KNOWN.get(path)
+        st = Stream(sid)
+        self.streams[sid] = st
+        if info is not None and info.shape is Shape.UNARY:
+            if self.observer is not None:
+                st.path, st.began, st.sent_at = path, now, now
+            hooks = self.hooks(path)
+            if hooks is not None and not block.end_stream:
+                st.hook = HookedRequest(info, hooks, self.win.initial_window)
+                st.hook.encoding = header_value(headers, b"grpc-encoding")
+        return True
+
+    def _hold(
+        self, st: Stream, hook: HookedRequest, flags: int, buf: Buf, start: int, end: int, flow: int
+    ) -> None:
+        """A hooked request's DATA: held (credited to the client at once) until the request ends."""
+        if flow:
+            self.credit[0] = self.credit.get(0, 0) + flow
+            if not flags & wire.END_STREAM:
+                self.credit[st.id] = self.credit.get(st.id, 0) + flow
+        if flags & wire.PADDED:
+            content: Buf = wire.unpad(flags, bytes(buf[start:end]))
+            start, end, buf = 0, len(content), content
+        size = end - start
+        limit = self.limits.message
+        over = hook.prefix.feed(buf, start, end, limit)
+        if over or hook.held_bytes + size > limit + messages.PREFIX_LEN:
+            hook.released = True
+            text = (
+                f"cri-proxy: request larger than max ({over} vs. {limit})"
+                if over
+                else (f"cri-proxy: request larger than max (> {limit})")
+            )
+            return self._refuse(st, RESOURCE_EXHAUSTED, text)
+        if size:
+            if self.held + size > self.limits.buffer or not self.budget.take(size):
+                hook.released = True
+                return self._refuse(st, RESOURCE_EXHAUSTED, "cri-proxy: relay buffers are full; retry")
+            self.held += size
+            hook.held_bytes += size
+            hook.held.append(bytes(buf[start:end]))
+        if flags & wire.END_STREAM:
+            self._end_request(st, hook, trailers=False)
+
+    def _end_request(self, st: Stream, hook: HookedRequest, trailers: bool) -> None:
+        """The client ended its hooked request: unpack it and ask for the pre hook."""
+        hook.released = True
+        hook.trailers = trailers
+        body = b"".join(hook.held)
+        hook.held = []
+        hook.out = body  # sent as it came unless the pre hook changes it
+        try:
+            message, _ = messages.unpack(body, hook.encoding, self.limits.message)
+        except messages.MessageError as exc:
+            self.events.append(RunPre(st.id, hook.info, hook.hooks, None, str(exc)))
+        else:
+            self.events.append(RunPre(st.id, hook.info, hook.hooks, message))
+        hook.running = True
+        if trailers:
+            self.stalled = st.id
+
+    def _reset(self, sid: int, code: int) -> Stream | None:
+        """A stream reset by either side: forget it; stop its hook; let its hooks roll back."""
+        st = self.streams.pop(sid, None)
+        if st is not None and st.hook is not None:
+            hook = st.hook
+            if hook.running:
+                self._stop_pre(sid, hook, code)
+            else:
+                self._failed(hook, code)
+            self._settle(hook)
+            if self.stalled == sid:
+                self.stalled = 0
+        return st
+
+    def _stop_pre(self, sid: int, hook: HookedRequest, code: int) -> None:
+        """The call ended while its pre hook runs: cancel it; if it ends first, its work rolls back."""
+        hook.running = False
+        self.events.append(CancelPre(sid))
+        self.orphans[sid] = (hook.info, hook.hooks, code)
+        if self.stalled == sid:
+            self.stalled = 0
+
+    def _client_broke(self, rest: Buf) -> None:
+        """The client broke the protocol in a way the runtime judges: it gets these bytes and answers
+        with its own error; the client's later bytes are dropped."""
+        self.client_dead = True
+        self.out_r.append(rest)  # past any backlog: the runtime must see the error now
+        self.c_split = wire.FrameSplitter(preface=False)
+
+    def _cut_off(self, code: int, why: str) -> None:
+        """A limit of our own: GOAWAY to the client with `code`, every open call ended, close."""
+        self.warnings.append(f"client cut off: {why}")
+        self.client_dead = True
+        self._end_calls(UNAVAILABLE, f"cri-proxy: {why}", answer=False)
+        if not self.r_block.open:
+            self.out_c.append(wire.goaway(self.last_stream, code, why.encode()))
+            self.goaway_sent = True
+        self.closing = True
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def hook_finished(self, sid: int, done: PreDone, now: float = 0.0) -> None:
+        """A pre hook ended: send its request on, or refuse the call."""
+        st = self.streams.get(sid)
+        if st is None or st.hook is None or not st.hook.running:
+            # the call ended meanwhile (reset, runtime lost): the hook's work must be rolled back
+            self._orphan_failed(sid, done)
+            return
+        hook = st.hook
+        hook.running = False
+        if done.refuse is not None:
+            self._refuse(st, done.refuse[0], done.refuse[1])
+        else:
+            if done.message is not None:
+                hook.out = messages.pack(done.message, hook.encoding == b"gzip")
+            hook.request = done.request
+            hook.sending = True
+            st.sent_at = now
+            self._pump(st)
+        self._after()
+
+    def hook_cancelled(self, sid: int) -> None:
+        """A pre hook was cancelled before it ended (its call had ended): nothing to roll back."""
+        self.orphans.pop(sid, None)
+
+    def _orphan_failed(self, sid: int, done: PreDone) -> None:
+        info_hooks = self.orphans.pop(sid, None)
+        if info_hooks is not None and done.request is not None:
+            info, hooks, code = info_hooks
+            if hooks.failed is not None:
+                self.events.append(RunFailed(info, hooks, done.request, code))
+
+    def _unstall(self, sid: int) -> None:
+        if self.stalled != sid:
+            return
+        st = self.streams.get(sid)
+        hook = None if st is None else st.hook
+        if hook is not None and (hook.running or (hook.sending and not hook.finished)):
+            return  # its hook runs, or its request is still going out (window): the trailers wait
+        self.stalled = 0
+        if self.c_split.pending() and not self.client_dead:
+            try:
+                buf, off, frames = self.c_split.feed(b"")
+            except (wire.FrameTooLarge, wire.PrefaceError):
+                self._client_broke(bytes(self.c_split.buf))
+                return
+            self._client_frames(buf, off, frames, 0.0)
+
+    def _pump(self, st: Stream) -> None:
+        """Send what the stream's window allows of its hooked request, in frames the runtime takes."""
+        hook = st.hook
+        assert hook is not None
+        while hook.sending and not hook.finished:
+            left = len(hook.out) - hook.out_at
+            size = min(left, hook.window, self.win.max_frame)
+            if size <= 0 and left > 0:
+                return  # wait for the runtime's WINDOW_UPDATE on this stream
+            piece = hook.out[hook.out_at : hook.out_at + size]
+            hook.out_at += size
+            hook.window -= size
+            self.win.withheld += size
+            last = hook.out_at >= len(hook.out)
+            end = wire.END_STREAM if last and not hook.trailers else 0
+            self._own_to_runtime(wire.frame(wire.DATA, end, st.id, piece), size)
+            if last:
+                hook.finished = True
+                self._settle(hook)
+        self._flush_own_r()
+
+    def _settle(self, hook: HookedRequest) -> None:
+        """The stream sends nothing more of its own to the runtime: its held bytes are free."""
+        if hook.held_bytes:
+            self.held -= hook.held_bytes
+            self.budget.give(hook.held_bytes)
+            hook.held_bytes = 0
+        hook.held = []
+        hook.out = b""
+        hook.sending = False
+
+    def _give_credit(self) -> None:
+        """WINDOW_UPDATEs owed to the client for request bytes we hold."""
+        credit, self.credit = self.credit, {}
+        self.win.client_allowance += credit.get(0, 0)
+        self._own_to_client(b"".join(wire.window_update(sid, n) for sid, n in credit.items() if n > 0))
+
+    def _refuse(self, st: Stream, code: int, message: str) -> None:
+        """Answer the call ourselves and cancel it at the runtime (which has its headers only)."""
+        if self.streams.get(st.id) is not st:
+            return
+        del self.streams[st.id]
+        self.dropping.add(st.id)
+        self._measure(st, code, 0.0, upstream=False)
+        self._own_to_client(
+            wire.status_frames(st.id, code, message, not st.responded, wire.DEFAULT_MAX_FRAME_SIZE)
+        )
+        self._own_to_runtime(wire.rst_stream(st.id, wire.CANCEL))
+        if st.hook is not None:
+            self._settle(st.hook)
+            st.hook.finished = True
+            if self.stalled == st.id:
+                self.stalled = 0
+
+    def _failed(self, hook: HookedRequest, code: int) -> None:
+        if hook.request is not None and hook.hooks.failed is not None:
+            self.events.append(RunFailed(hook.info, hook.hooks, hook.request, code))
+            hook.request = None  # once
+
+    def _measure(self, st: Stream, code: int, now: float, upstream: bool) -> None:
+        if st.path and self.observer is not None:
+            total = max(0.0, now - st.began) if now else 0.0
+            self.observer(st.path, code, total, max(0.0, now - st.sent_at) if upstream and now else 0.0)
+
+    def _after(self) -> None:
+        if self.stalled:
+            self._unstall(self.stalled)
+        if self.credit:
+            self._give_credit()
+        self._flush_own_r()
+        self._flush_own_c()
+
+    # -- runtime -> client ------------------------------------------------------------------------
+    def receive_from_runtime(self, data: bytes, now: float = 0.0) -> None:
+        if self.closing:
+            return
+        try:
+            buf, off, frames = self.r_split.feed(data)
+        except (wire.FrameTooLarge, wire.PrefaceError) as exc:
+            return self._runtime_broke(str(exc))
+        start = 0
+        out = self.out_c
+        streams = self.streams
+        end = off
+        for at, end, ftype, flags, sid in frames:
+            keep = True
+            if ftype == wire.DATA:
+                if sid in streams:
+                    keep = self._runtime_data(streams[sid], flags, buf, at, end, start, now)
+                    if not keep:
+                        start = end
+                        continue
+                elif sid in self.dropping:
+                    self._own_to_runtime(wire.window_update(0, end - at - wire.HEADER_LEN))
+                    keep = False
+            elif ftype == wire.HEADERS or ftype == wire.CONTINUATION:
+                try:
+                    self._runtime_headers(ftype, flags, sid, buf, at, end, now)
+                except BlockError as exc:
+                    if start < at:
+                        out.append(buf[start:at])
+                    return self._runtime_broke(str(exc))
+            elif ftype == wire.WINDOW_UPDATE:
+                keep = self._runtime_window(sid, buf, at, end, start)
+            elif ftype == wire.SETTINGS:
+                if flags & wire.ACK:
+                    self.r_block.acknowledged()
+                else:
+                    keep = self._runtime_settings(buf, at, end, start)
+            elif ftype == wire.RST_STREAM:
+                self._reset(sid, CANCELLED)
+                self.dropping.discard(sid)
+            elif ftype == wire.GOAWAY:
+                keep = self._runtime_goaway(buf, at, end, start)
+            if not keep:
+                start = end
+            elif self.own_c and not self.r_block.open:
+                if start < end:
+                    out.append(buf[start:end])
+                start = end
+                self._flush_own_c()
+        if start < end:
+            out.append(buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end])
+        self.r_split.keep(buf, end)
+        self._after()
+
+    def _span(self, buf: Buf, start: int, at: int) -> None:
+        """Write the passed-through frames before `at` (a frame of ours, or a changed one, follows)."""
+        if start < at:
+            self.out_c.append(buf[start:at])
+
+    def _runtime_data(
+        self, st: Stream, flags: int, buf: Buf, at: int, end: int, start: int, now: float
+    ) -> bool:
+        body = at + wire.HEADER_LEN
+        if flags & wire.PADDED:
+            try:
+                content: Buf = wire.unpad(flags, bytes(buf[body:end]))
+            except wire.FrameError:
+                return True  # the client will object; nothing of ours to do
+            too_big = st.response.feed(content, 0, len(content), self.limits.message)
+        else:
+            content = buf[body:end]
+            too_big = st.response.feed(buf, body, end, self.limits.message)
+        if too_big:
+            self._span(buf, start, at)
+            del self.streams[st.id]
+            self._measure(st, RESOURCE_EXHAUSTED, now, upstream=True)
+            self.dropping.add(st.id)
+            message = f"cri-proxy: response larger than max ({too_big} vs. {self.limits.message})"
+            self._own_to_client(
+                wire.status_frames(st.id, RESOURCE_EXHAUSTED, message, False, wire.DEFAULT_MAX_FRAME_SIZE)
+            )
+            self._own_to_runtime(wire.rst_stream(st.id, wire.CANCEL))
+            self._own_to_runtime(wire.window_update(0, end - body))
+            if st.hook is not None:
+                self._failed(st.hook, RESOURCE_EXHAUSTED)
+            self._flush_own_c()
+            return False
+        if st.hook is not None and st.hook.hooks.post is not None and st.hook.request is not None:
+            st.hook.response += content
+        if flags & wire.END_STREAM:
+            del self.streams[st.id]
+            if st.hook is not None and st.hook.running:
+                self._stop_pre(st.id, st.hook, CANCELLED)
+        return True
+
+    def _runtime_headers(
+        self, ftype: int, flags: int, sid: int, buf: Buf, at: int, end: int, now: float
+    ) -> None:
+        block = self.r_block
+        payload = buf[at + wire.HEADER_LEN : end]
+        done = (
+            block.headers(flags, sid, payload)
+            if ftype == wire.HEADERS
+            else block.continuation(flags, sid, payload)
+        )
+        if not done:
+            return
+        decoded = block.decode()
+        if block.end_stream:
+            self.dropping.discard(block.sid)
+        st = self.streams.get(block.sid)
+        if st is None:
+            return
+        st.responded = True
+        if not block.end_stream:
+            return
+        del self.streams[st.id]
+        code = UNKNOWN
+        if decoded is not None:
+            raw = header_value(decoded[0], b"grpc-status")
+            code = int(raw) if raw is not None and raw.isdigit() else UNKNOWN
+        self._measure(st, code, now, upstream=True)
+        hook = st.hook
+        if hook is not None and hook.running:  # answered before its request went (its deadline)
+            self._stop_pre(st.id, hook, code if code != OK else CANCELLED)
+            return
+        if hook is None or hook.request is None or decoded is None:
+            return
+        if code == OK and hook.hooks.post is not None:
+            response = messages.single(bytes(hook.response))
+            if response is None:
+                self.warnings.append(
+                    f"{hook.info.path}: response is not one uncompressed message; no post hook"
+                )
+            else:
+                self.events.append(RunPost(hook.info, hook.hooks, hook.request, response))
+        elif code != OK:
+            self._failed(hook, code)
+
+    def _runtime_window(self, sid: int, buf: Buf, at: int, end: int, start: int) -> bool:
+        increment = wire.window_increment(bytes(buf[at + wire.HEADER_LEN : end]))
+        if sid != 0:
+            st = self.streams.get(sid)
+            if st is not None and st.hook is not None:
+                st.hook.window += increment
+                if st.hook.sending:
+                    self._pump(st)
+            return True
+        passed = self.win.credited(increment, self.out_r)
+        if passed == increment:
+            return True
+        self._span(buf, start, at)
+        if passed:
+            self.out_c.append(wire.window_update(0, passed))
+        return False
+
+    def _runtime_settings(self, buf: Buf, at: int, end: int, start: int) -> bool:
+        payload = bytes(buf[at + wire.HEADER_LEN : end])
+        self.c_block.announced(payload)
+        for ident, value in wire.settings_pairs(payload):
+            if ident == wire.SETTINGS_INITIAL_WINDOW_SIZE:
+                change, self.win.initial_window = value - self.win.initial_window, value
+                for st in list(self.streams.values()):
+                    if st.hook is not None:
+                        st.hook.window += change
+                        if st.hook.sending:
+                            self._pump(st)
+            elif ident == wire.SETTINGS_MAX_FRAME_SIZE:
+                self.win.max_frame = value
+                self.c_split.max_frame = value
+        return True  # unchanged: the header list limit is grpc-go's default, which containerd does not
+        # announce either, so neither does the relay
+
+    def _runtime_goaway(self, buf: Buf, at: int, end: int, start: int) -> bool:
+        """A GOAWAY with an error ends every open call: end them first, naming the runtime."""
+        payload = buf[at + wire.HEADER_LEN : end]
+        self.goaway_sent = True
+        code = int.from_bytes(payload[4:8], "big") if len(payload) >= 8 else wire.NO_ERROR
+        if code == wire.NO_ERROR or not self.streams:
+            return True
+        self._span(buf, start, at)
+        text = bytes(payload[8:]).decode("utf-8", "replace")
+        self._end_calls(
+            UNAVAILABLE,
+            f"cri-proxy: runtime {self.runtime_name} closed the connection (HTTP/2 error {code}: {text})",
+            answer=not self.r_block.open,
+        )
+        self.out_c.append(buf[at:end])
+        return False
+
+    def _runtime_broke(self, why: str) -> None:
+        """The runtime sent what the relay cannot follow: end the client's calls, GOAWAY, close."""
+        self.warnings.append(f"runtime broke the protocol: {why}")
+        self._end_calls(
+            UNAVAILABLE, f"cri-proxy: runtime {self.runtime_name} broke the protocol", answer=False
+        )
+        self.closing = True
+
+    # -- the ends ---------------------------------------------------------------------------------
+    def _end_calls(self, code: int, message: str, answer: bool) -> None:
+        """End every open call with `code` (answering the client when `answer`); hooks roll back."""
+        if self.streams:
+            self.warnings.append(f"{message} ({len(self.streams)} calls open)")
+        if answer:
+            self.out_c.extend(
+                wire.status_frames(sid, code, message, not st.responded, wire.DEFAULT_MAX_FRAME_SIZE)
+                for sid, st in self.streams.items()
+            )
+        for sid, st in self.streams.items():
+            self._measure(st, code, 0.0, upstream=True)
+            hook = st.hook
+            if hook is None:
+                continue
+            if hook.running:
+                self._stop_pre(sid, hook, code)
+            else:
+                self._failed(hook, code)
+            self._settle(hook)
+        self.streams.clear()
+        self.stalled = 0
+
+    def runtime_lost(self, why: str) -> None:
+        """The runtime connection is gone: every open call ends UNAVAILABLE, its hooks' failure path
+        runs, then GOAWAY (unless one went already) and close."""
+        if self.closing:
+            return
+        self._end_calls(
+            UNAVAILABLE,
+            f"cri-proxy: lost the connection to runtime {self.runtime_name}{why}",
+            answer=not self.r_block.open,
+        )
+        self.closing = True  # as the runtime left it: closed, with no GOAWAY of ours
+
+    def client_lost(self) -> None:
+        """The client went away: its calls are cancelled; their hooks' failure path runs."""
+        self._end_calls(CANCELLED, "client went away", answer=False)
+        self.closing = True
+
+    def go_away(self) -> None:
+        """Ask the client to open no new streams (graceful: every stream it sent may complete)."""
+        if not self.goaway_sent:
+            self._own_to_client(wire.goaway(wire.MAX_WINDOW, wire.NO_ERROR))
+            self._flush_own_c()
+
+    def busy(self) -> bool:
+        return bool(self.streams) and not self.closing

@@ -1,0 +1,134 @@
+"""The hook runner both relay modes share: decode, run the hook, apply the fail policy, count.
+
+The relays hand it message bytes and get back data: what to send (`Forward`) or how to answer
+the caller instead (`Refuse`). Post and failed hooks observe; their failures are logged, never
+shown to the caller. Every hook run is timed and counted here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from loguru import logger
+
+from cri_proxy.relay.hooks import FailPolicy, HookError, Hooks
+from cri_proxy.relay.methods import MethodInfo
+
+CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send the request on: `message` instead of the caller's bytes (None: unchanged)."""
+
+    message: bytes | None
+    request: Message | None  # the request as forwarded, for the post/failed hooks (None: not decoded)
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer the caller with this status; the request never reaches the runtime."""
+
+    code: int
+    message: str
+
+
+PreOutcome = Forward | Refuse
+
+
+class HookRunner:
+    """Runs hooks under a fail policy (read per call: a reload may change it) and counts them."""
+
+    def __init__(self, fail_policy: Callable[[], FailPolicy]) -> None:
+        self.fail_policy = fail_policy
+        self.runs: Counter[tuple[str, str, str]] = Counter()  # (method, hook, outcome) -> count
+        self.seconds: dict[tuple[str, str], float] = {}  # (method, hook) -> total time
+
+    def _count(self, info: MethodInfo, hook: str, outcome: str, began: float) -> None:
+        self.runs[(info.name, hook, outcome)] += 1
+        key = (info.name, hook)
+        self.seconds[key] = self.seconds.get(key, 0.0) + perf_counter() - began
+
+    def _policy(self, hooks: Hooks | None) -> FailPolicy:
+        """The method's own fail policy, else the configured default."""
+        if hooks is not None and hooks.fail_policy is not None:
+            return hooks.fail_policy
+        return self.fail_policy()
+
+    def unreadable(self, info: MethodInfo, why: str, hooks: Hooks | None = None) -> PreOutcome:
+        """A request the relay cannot unpack (not one message, unknown compression)."""
+        logger.warning("{}: {}; forwarded without hooks", info.path, why)
+        self.runs[(info.name, "pre", "unreadable")] += 1
+        if self._policy(hooks) is FailPolicy.FAIL:
+            return Refuse(grpc.StatusCode.INVALID_ARGUMENT.value[0], f"cri-proxy: {info.name}: {why}")
+        return Forward(None, None)
+
+    async def pre(self, info: MethodInfo, hooks: Hooks, raw: bytes) -> PreOutcome:
+        """Decode the request, run the pre hook on a copy, say what to send."""
+        began = perf_counter()
+        try:
+            message = info.request_type.FromString(raw)
+        except DecodeError as exc:
+            self._count(info, "pre", "undecodable", began)
+            logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
+            if self._policy(hooks) is FailPolicy.FAIL:
+                code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                return Refuse(code, f"cri-proxy: {info.name} request does not decode: {exc}")
+            return Forward(None, None)
+        if hooks.pre is None:
+            return Forward(None, message)
+        work = type(message)()
+        work.CopyFrom(message)
+        try:
+            changed = await hooks.pre(work, info)
+        except HookError as exc:
+            self._count(info, "pre", "refused", began)
+            return Refuse(exc.code.value[0], exc.message)
+        except Exception as exc:  # a hook bug must never take the call down with it
+            self._count(info, "pre", "error", began)
+            logger.opt(exception=exc).error("{}: pre hook failed: {}", info.path, exc)
+            if self._policy(hooks) is FailPolicy.FAIL:
+                return Refuse(grpc.StatusCode.INTERNAL.value[0], f"cri-proxy: {info.name} hook failed: {exc}")
+            return Forward(None, message)
+        self._count(info, "pre", "ok", began)
+        if changed is None:
+            return Forward(None, message)
+        return Forward(changed.SerializeToString(), changed)
+
+    async def post(self, info: MethodInfo, hooks: Hooks, request: Message, raw: bytes) -> None:
+        """The runtime answered OK: hand its decoded response to the post hook."""
+        if hooks.post is None:
+            return
+        began = perf_counter()
+        try:
+            response = info.response_type.FromString(raw)
+        except DecodeError as exc:
+            self._count(info, "post", "undecodable", began)
+            logger.warning("{}: cannot decode the runtime's response for post hook: {}", info.path, exc)
+            return
+        try:
+            await hooks.post(request, response, info)
+        except Exception as exc:
+            self._count(info, "post", "error", began)
+            logger.opt(exception=exc).error("{}: post hook failed: {}", info.path, exc)
+            return
+        self._count(info, "post", "ok", began)
+
+    async def failed(self, info: MethodInfo, hooks: Hooks, request: Message, code: int) -> None:
+        """The call did not succeed (refused, cancelled, runtime lost): let the hooks roll back."""
+        if hooks.failed is None:
+            return
+        began = perf_counter()
+        status = CODES.get(code, grpc.StatusCode.UNKNOWN)
+        try:
+            await hooks.failed(request, status, info)
+        except Exception as exc:
+            self._count(info, "failed", "error", began)
+            logger.opt(exception=exc).error("{}: failed hook failed: {}", info.path, exc)
+            return
+        self._count(info, "failed", "ok", began)

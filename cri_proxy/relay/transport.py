@@ -1,0 +1,345 @@
+"""The asyncio side of the frame relay: the listener, and per client connection a thin adapter that
+dials the runtime, feeds both sides' bytes to its LinkCore, writes what the core says, and runs the
+hooks it asks for. Every HTTP/2 decision is the core's (core.py); this file only moves bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any, cast
+
+from loguru import logger
+
+from cri_proxy.config import Config
+from cri_proxy.endpoints import socket_path
+from cri_proxy.errors import EndpointError
+from cri_proxy.relay import standin
+from cri_proxy.relay.core import CancelPre, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
+from cri_proxy.relay.flow import Budget
+from cri_proxy.relay.forward import CallObserver
+from cri_proxy.relay.hookrun import CODES, Forward, HookRunner
+from cri_proxy.relay.hooks import FailPolicy, HookTable
+from cri_proxy.relay.methods import KNOWN
+
+CONNECT_TIMEOUT = 5.0
+WRITE_BUFFER_HIGH = 1 << 20  # a side's unsent bytes beyond which the other side is not read
+
+
+class FrameRelay:
+    """Accepts client connections on a bound Unix socket and pairs each with a runtime connection."""
+
+    def __init__(
+        self,
+        config: Config,
+        hooks: HookTable | None = None,
+        fail_policy: Callable[[], FailPolicy] | None = None,
+        observer: Callable[[], CallObserver | None] | None = None,
+        runner: HookRunner | None = None,
+    ) -> None:
+        runtime = socket_path(config.runtime_endpoint)
+        if runtime is None:
+            raise EndpointError(
+                f"relay_mode 'frames' needs a unix:// runtime_endpoint, not {config.runtime_endpoint!r}"
+            )
+        self.runtime_path = str(runtime)
+        self.endpoint = config.runtime_endpoint
+        self.hooks = hooks if hooks is not None else HookTable()
+        fixed = FailPolicy(config.fail_policy)
+        self.runner = runner if runner is not None else HookRunner(fail_policy or (lambda: fixed))
+        self.observer = observer or (lambda: None)
+        self.limits = Limits(
+            message=min(config.max_recv_message_bytes, config.max_send_message_bytes),
+            buffer=config.relay_buffer_bytes,
+        )
+        self.budget = Budget(config.relay_buffer_total_bytes)
+        self.links: set[Link] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    def watch_responses(self) -> bool:
+        """Whether any hook needs the runtime's answers (then its header blocks are decoded too)."""
+        found = (self.hooks.get(path) for path in KNOWN) if len(self.hooks) else ()
+        return any(h is not None and (h.post is not None or h.failed is not None) for h in found)
+
+    def new_core(self) -> LinkCore:
+        seen = self.observer()
+        observe = None
+        if seen is not None:
+            observer = seen
+
+            def observe(path: str, code: int, total: float, upstream: float) -> None:
+                observer.observe(path, CODES[code] if code in CODES else CODES[2], total, upstream)
+
+        return LinkCore(
+            self.hooks.get,
+            self.limits,
+            self.budget,
+            observe,
+            decode_client=True,
+            decode_runtime=observe is not None or self.watch_responses(),
+            runtime_name=self.endpoint,
+        )
+
+    async def start(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: Link(self), sock=sock)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting; GOAWAY every client; wait up to `grace` for open calls; close the rest."""
+        loop = asyncio.get_running_loop()
+        if self._server is not None:
+            self._server.close()
+        for link in list(self.links):
+            link.go_away()
+        deadline = loop.time() + grace
+        while any(link.busy() for link in self.links) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for link in list(self.links):
+            link.close()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):  # uvloop waits for every connection to detach
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+
+class _RuntimeSide(asyncio.Protocol):
+    """The runtime connection's protocol: hands everything to its Link."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.link.runtime_up(cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        link = self.link
+        link.core.receive_from_runtime(data, perf_counter())
+        link.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.link.runtime_down(exc)
+
+    def pause_writing(self) -> None:
+        self.link.runtime_full = True
+        self.link.reading()
+
+    def resume_writing(self) -> None:
+        self.link.runtime_full = False
+        self.link.reading()
+
+
+class Link(asyncio.Protocol):
+    """One client connection and its runtime connection: the client side's protocol."""
+
+    def __init__(self, relay: FrameRelay) -> None:
+        self.relay = relay
+        self.core = relay.new_core()
+        self.client: asyncio.Transport | None = None
+        self.runtime: asyncio.Transport | None = None
+        self.stand_in: standin.StandIn | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.waiting: list[bytes] = []  # client bytes that came before the runtime connection
+        self.waiting_bytes = 0
+        self.closed = False
+        self.paused = False  # client reading paused
+        self.runtime_full = False  # the runtime's transport buffer is full
+        self.pres: dict[int, asyncio.Task[None]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # -- life -------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.client = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+        self.client.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        self.relay.links.add(self)
+        self._spawn(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_unix_connection(lambda: _RuntimeSide(self), self.relay.runtime_path),
+                CONNECT_TIMEOUT,
+            )
+        except (TimeoutError, OSError) as exc:
+            if not self.closed and self.client is not None:
+                reason = str(exc) or type(exc).__name__
+                message = f"cri-proxy: runtime {self.relay.endpoint} is not reachable: {reason}"
+                logger.debug("{}", message)
+                self._stand_in(message)
+
+    def _stand_in(self, message: str) -> None:
+        assert self.client is not None
+        self.stand_in = standin.StandIn(message)
+        self.client.write(self.stand_in.start())
+        self.timer = asyncio.get_running_loop().call_later(standin.LIFETIME, self._stand_in_done)
+        waiting, self.waiting = self.waiting, []
+        for chunk in waiting:
+            self._to_stand_in(chunk)
+        self.reading()
+
+    def _to_stand_in(self, data: bytes) -> None:
+        assert self.stand_in is not None and self.client is not None
+        answered = self.stand_in.answered
+        self.client.writelines(self.stand_in.receive(data))
+        if self.stand_in.broken:
+            self.client.close()
+        elif answered == 0 and self.stand_in.answered and self.timer is not None:
+            self.timer.cancel()
+            self.timer = asyncio.get_running_loop().call_later(standin.LINGER, self._stand_in_done)
+
+    def _stand_in_done(self) -> None:
+        if self.stand_in is not None and self.client is not None and not self.client.is_closing():
+            self.client.write(self.stand_in.finish())
+            self.client.close()
+
+    def runtime_up(self, transport: asyncio.Transport) -> None:
+        if self.closed:
+            transport.close()
+            return
+        self.runtime = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        waiting, self.waiting, self.waiting_bytes = self.waiting, [], 0
+        for chunk in waiting:
+            self.core.receive_from_client(chunk, perf_counter())
+        self.flush()
+
+    def runtime_down(self, exc: Exception | None) -> None:
+        self.runtime = None
+        if self.closed:
+            return
+        self.core.runtime_lost(f": {exc}" if exc else "")
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self.runtime is not None:
+            self.core.receive_from_client(data, perf_counter())
+            self.flush()
+        elif self.stand_in is not None:
+            self._to_stand_in(data)
+        else:
+            self.waiting.append(data)
+            self.waiting_bytes += len(data)
+            self.reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # the client half-closed: close (its calls can no longer be cancelled by it)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.relay.links.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        self.core.client_lost()
+        self._events()
+        if self.runtime is not None:
+            self.runtime.close()
+
+    def pause_writing(self) -> None:
+        if self.runtime is not None:
+            self.runtime.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.runtime is not None:
+            self.runtime.resume_reading()
+
+    def go_away(self) -> None:
+        if self.stand_in is not None:
+            self._stand_in_done()
+        elif not self.closed:
+            self.core.go_away()
+            self.flush()
+
+    def busy(self) -> bool:
+        return not self.closed and self.core.busy()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.client is not None:
+            self.client.close()
+        if self.runtime is not None:
+            self.runtime.close()
+
+    # -- moving what the core says ------------------------------------------------------------------
+    def flush(self) -> None:
+        core = self.core
+        if core.out_r and self.runtime is not None:
+            self.runtime.writelines(core.take_runtime())
+        if core.out_c and self.client is not None:
+            self.client.writelines(core.take_client())
+        if core.events:
+            self._events()
+        if core.warnings:
+            for text in core.warnings:
+                logger.warning("frame relay: {}", text)
+            core.warnings.clear()
+        if core.closing:
+            self.close()
+        else:
+            self.reading()
+
+    def reading(self) -> None:
+        """Read the client while the core wants its bytes and the runtime takes ours."""
+        if self.client is None or self.closed:
+            return
+        want = (
+            not self.runtime_full
+            and self.waiting_bytes < self.relay.limits.buffer
+            and self.core.wants_client()
+        )
+        if want and self.paused:
+            self.paused = False
+            self.client.resume_reading()
+        elif not want and not self.paused:
+            self.paused = True
+            self.client.pause_reading()
+
+    def _events(self) -> None:
+        runner = self.relay.runner
+        for event in self.core.take_events():
+            if isinstance(event, RunPre):
+                self.pres[event.stream] = self._spawn(self._pre(event))
+            elif isinstance(event, CancelPre):
+                task = self.pres.pop(event.stream, None)
+                if task is not None:
+                    task.cancel()
+            elif isinstance(event, RunPost):
+                self._spawn(runner.post(event.info, event.hooks, event.request, event.response))
+            elif isinstance(event, RunFailed):
+                self._spawn(runner.failed(event.info, event.hooks, event.request, event.code))
+
+    async def _pre(self, event: RunPre) -> None:
+        runner = self.relay.runner
+        try:
+            if event.message is None:
+                outcome = runner.unreadable(event.info, event.why, event.hooks)
+            else:
+                outcome = await runner.pre(event.info, event.hooks, event.message)
+        except asyncio.CancelledError:
+            self.core.hook_cancelled(event.stream)
+            raise
+        finally:
+            self.pres.pop(event.stream, None)
+        if isinstance(outcome, Forward):
+            done = PreDone(outcome.message, outcome.request)
+        else:
+            done = PreDone(None, None, (outcome.code, outcome.message))
+        self.core.hook_finished(event.stream, done, perf_counter())
+        self.flush()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+
+def bind_unix(path: str) -> socket.socket:
+    """A bound Unix stream socket for the frame relay (the caller sets the umask around this)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise EndpointError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
+    return sock
