@@ -31,19 +31,20 @@ from cri_proxy.endpoints import prepare_listen_socket, socket_path
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.reconciler import Reconciler, channel_reader, channel_sender
-from cri_proxy.enforce.recovery import recover
+from cri_proxy.enforce.reconciler import Reconciler, actual_reader, channel_sender
+from cri_proxy.enforce.sync import Syncer
 from cri_proxy.errors import CheckpointError, CriProxyError
 from cri_proxy.logs import setup_logging
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
+from cri_proxy.sources.cgroupfs import CgroupReader
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state import checkpoint
 from cri_proxy.state.checkpoint import Records
 from cri_proxy.state.lock import StateDirLock
-from cri_proxy.state.model import ContainerState, NodeState
+from cri_proxy.state.model import NodeState
 from cri_proxy.sysfs import read_topology
 
 CHECKPOINT_NAME = "checkpoint.json"
@@ -82,6 +83,7 @@ class Proxy:
         self.introspection = Introspection(self.state, self.policy)
         self.health = HealthService(lambda: self.runtime_up)
         self.relay = Relay(config, self.table, extra_handlers=(self.introspection, self.health))
+        self.syncer = Syncer(self.state, self.relay.channel)
         self.reconciler = Reconciler(
             self.state,
             self.policy,
@@ -89,7 +91,8 @@ class Proxy:
             concurrency=config.reconcile_concurrency,
             period=config.reconcile_period_seconds,
             dry_run=config.dry_run,
-            read_actual=channel_reader(self.relay.channel),
+            read_actual=actual_reader(self.state, CgroupReader(config.cgroup_root), self.relay.channel),
+            sync=self.syncer.periodic,
         )
         self.introspection.reconciler = self.reconciler
         self.hooks = EnforceHooks(
@@ -137,16 +140,14 @@ class Proxy:
                 stop=stop,
             ):
                 with attempt:
-                    found = await recover(self.relay.channel, saved)
+                    await self.syncer.sync(full=True)  # merged into the checkpoint's records
         except Exception as exc:
             logger.warning("recovery from runtime {} not done yet: {}", self.config.runtime_endpoint, exc)
             return False
-        pending = [c for c in self.state.containers() if c.state is ContainerState.PENDING]
-        self.state.replace_all(found.pods, [*found.containers, *pending])
-        for problem in found.problems:
-            logger.warning("recovery: {}", problem)
         logger.info(
-            "recovered from the runtime: {} pods, {} containers", len(found.pods), len(found.containers)
+            "recovered from the runtime: {} pods, {} containers",
+            len(self.state.pods()),
+            len(self.state.containers()),
         )
         self.recovered.set()
         self.reconciler.request()
@@ -230,6 +231,11 @@ class Proxy:
             "injections": dict(self.hooks.injected),
             "problem_kinds": [str(p.kind) for p in self.policy.plan().problems],
             "reconcile": vars(self.reconciler.totals),
+            "overlaps": [
+                (o.pod, o.container, pod, name, len(cpus))
+                for o in self.policy.overlaps()
+                for pod, name, cpus in o.others
+            ],
         }
 
     async def _watchdog(self, interval: float) -> None:

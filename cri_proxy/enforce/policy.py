@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from types import MappingProxyType
 
-from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Topology, decide
+from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
+from cri_proxy.enforce.exclusivity import Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.model import NodeState
@@ -55,8 +56,29 @@ class Policy:
     def plan(self) -> Plan:
         key = (self.state.generation, self._facts_version)
         if self._cached is None or self._cached[0] != key:
-            self._cached = (key, self._explain(decide(self.inputs())))
+            self._cached = (key, self._live_problems(self._explain(decide(self.inputs()))))
         return self._cached[1]
+
+    def overlaps(self) -> list[Overlap]:
+        """Live exclusive containers whose CPUs others are still on (see `exclusivity`)."""
+        return self._overlaps(self.plan())
+
+    def _overlaps(self, plan: Plan) -> list[Overlap]:
+        _, pods, containers = self.state.snapshot()
+        return overlaps(plan, {p.sandbox_id: p for p in pods}, containers, self.topology.online)
+
+    def _live_problems(self, plan: Plan) -> Plan:
+        """What only the live node shows: labels not readable as text, exclusivity not held."""
+        text = tuple(
+            Problem(p.key, ProblemKind.BAD_TEXT, message)
+            for p in self.state.pods()
+            if p.ready
+            for message in p.problems
+        )
+        found = overlap_problems(self._overlaps(plan))
+        if not text and not found:
+            return plan
+        return Plan(plan.pools, plan.containers, (*plan.problems, *text, *found))
 
     def _explain(self, plan: Plan) -> Plan:
         """Say in `why` when a pod's QoS label or allocation came from the Kubernetes API, not CRI."""

@@ -434,6 +434,7 @@ def test_non_utf8_annotation_is_a_request_that_does_not_decode(tmp_path: Path) -
             )
             with pytest.raises(DecodeError):
                 pb.RunPodSandboxRequest.FromString(run_raw)
+            await n.settle()  # the start's cgroup check is done
             generation = n.proxy.state.generation
             direct = grpc.aio.insecure_channel(n.fake.opts.listen)
             for policy in FailPolicy:

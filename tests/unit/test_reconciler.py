@@ -13,8 +13,8 @@ import pytest
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.cpu import CPUSet, Topology
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.reconciler import Reconciler
-from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
+from cri_proxy.enforce.reconciler import Reading, Reconciler
+from cri_proxy.state.model import ACTUAL_CGROUP, ContainerRecord, ContainerState, NodeState, PodRecord
 from tests.unit.relay_support import run
 
 TOPOLOGY = Topology.build({0: CPUSet.parse("0-7"), 1: CPUSet.parse("8-15")})
@@ -169,13 +169,16 @@ def test_drift_behind_the_proxys_back_is_repaired() -> None:
         state = node_with(2, lsr_cpus=None)
         actual = {"c0": "3", "c1": "0-15"}  # someone changed c0 at the runtime
 
-        async def read(c: ContainerRecord) -> str | None:
-            return actual[c.id]
+        async def read(c: ContainerRecord) -> Reading | None:
+            return Reading(actual[c.id], ACTUAL_CGROUP)
 
         send = Recorder()
         r = reconciler(state, send, read_actual=read)
         assert (await r.pass_once()).updated == 0  # by our records all is well
         assert await r.refresh_applied() == 1
+        assert r.totals.repaired == 1
+        c0 = state.container("c0")
+        assert c0 is not None and (c0.actual_cpuset, c0.actual_source) == ("3", "cgroup")
         assert (await r.pass_once()).updated == 1
         assert send.calls[0][0] == "c0" and send.calls[0][1].cpuset_cpus == "0-15"
 
