@@ -201,7 +201,8 @@ class EnforceHooks:
         pid = pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
         cid = response.container_id  # type: ignore[attr-defined]
         self._learned.discard(req.pod_sandbox_id)
-        if not self.state.rename_container(pid, cid) and self.state.container(cid) is None:
+        renamed = self.state.rename_container(pid, cid)
+        if not renamed and self.state.container(cid) is None and self.state.pod(req.pod_sandbox_id):
             # the pending record went meanwhile (a merge resolved or dropped it): never lose the container
             self.state.put_container(
                 ContainerRecord(

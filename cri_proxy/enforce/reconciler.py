@@ -117,6 +117,7 @@ class Reconciler:
         self._sent = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self._overlaps: frozenset[str] = frozenset()
+        self._not_taken: dict[str, int] = {}  # container id -> updates in a row its cgroup did not take
         self._requested = 0
         self._completed = 0
         self._wake = asyncio.Event()
@@ -282,6 +283,7 @@ class Reconciler:
         result = PassResult()
         todo = self.pending()
         self.totals.passes += 1
+        self._not_taken = {k: n for k, n in self._not_taken.items() if self.state.container(k) is not None}
         if not todo:
             self._report_overlaps()
             return result
@@ -349,6 +351,17 @@ class Reconciler:
             taken = reading is None or not self._differs(reading.cpuset, want)
             if not taken and reading is not None and reading.source == ACTUAL_CGROUP:
                 self._drifted(done, reading, "the update did not reach the cgroup")
+                self._retry_later(c.id)
+            else:
+                self._not_taken.pop(c.id, None)
+
+    def _retry_later(self, container_id: str) -> None:
+        """Ask for another pass soon, backing off per container (0.5 s, 1 s, ... up to the period),
+        so a cgroup that keeps refusing a set is not hammered."""
+        n = self._not_taken.get(container_id, 0)
+        self._not_taken[container_id] = n + 1
+        delay = min(0.5 * 2**n, max(self.period, 1.0))
+        asyncio.get_running_loop().call_later(delay, self.request)
 
     async def _done_sending(self, container_id: str) -> None:
         async with self._sent:

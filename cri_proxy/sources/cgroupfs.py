@@ -84,6 +84,8 @@ class CgroupReader:
                     text = _read(directory / "cpuset.cpus.effective").strip()
             except OSError:
                 continue
+            if not text:
+                return None  # no CPUs: not a cgroup a task can run in (or not a cgroup file at all)
             try:
                 return str(CPUSet.parse(text))
             except CpuError:

@@ -232,7 +232,7 @@ class NodeState:
             self._pods[sandbox_id] = replace(pod, ready=False)
             touched = [sandbox_id]
             for c in list(self._containers.values()):
-                if c.sandbox_id == sandbox_id and c.state is not ContainerState.EXITED:
+                if c.sandbox_id == sandbox_id and c.state in UPDATABLE_STATES:  # PENDING: its call says
                     self._containers[c.id] = replace(c, state=ContainerState.EXITED)
                     touched.append(c.id)
             self._bump(*touched)
@@ -245,10 +245,9 @@ class NodeState:
             for c in gone:
                 del self._containers[c.id]
                 self._in_flight.discard(c.id)
-            existed = self._pods.pop(sandbox_id, None) is not None
+            self._pods.pop(sandbox_id, None)
             self._born.pop(sandbox_id, None)
-            if existed or gone:
-                self._bump(sandbox_id, *(c.id for c in gone))
+            self._bump(sandbox_id, *(c.id for c in gone))  # remembered even when unknown (see above)
             return gone
 
     def put_container(self, container: ContainerRecord) -> None:
@@ -299,11 +298,12 @@ class NodeState:
             return new
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:
+        """Forget a container; even an unknown id is remembered as removed, so a listing taken
+        before the removal cannot bring it back."""
         with self._lock:
             self._in_flight.discard(container_id)
             c = self._containers.pop(container_id, None)
-            if c is not None:
-                self._bump(container_id)
+            self._bump(container_id)
             return c
 
     def replace_all(self, pods: Iterable[PodRecord], containers: Iterable[ContainerRecord]) -> None:
