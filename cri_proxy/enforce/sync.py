@@ -17,14 +17,24 @@ from cri_proxy.enforce.recovery import read_runtime
 from cri_proxy.state.merge import Merged
 from cri_proxy.state.model import NodeState
 
+PENDING_GRACE = 20.0
+"""Seconds an unanswered CreateContainer keeps its pending record against listings without it."""
+
 
 class Syncer:
     """Merges the runtime's listing into `state`; `sync()` is one listing and one merge."""
 
-    def __init__(self, state: NodeState, channel: grpc.aio.Channel, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        state: NodeState,
+        channel: grpc.aio.Channel,
+        timeout: float = 10.0,
+        pending_grace: float = PENDING_GRACE,
+    ) -> None:
         self.state = state
         self.channel = channel
         self.timeout = timeout
+        self.pending_grace = pending_grace
         self._one = asyncio.Lock()
         self._reported: frozenset[str] = frozenset()
 
@@ -35,7 +45,7 @@ class Syncer:
             pods = {p.sandbox_id: p for p in self.state.pods()}
             containers = {c.id: c for c in self.state.containers()}
             view = await read_runtime(self.channel, pods, containers, full=full, timeout=self.timeout)
-            merged = self.state.merge_listing(view.listing(started))
+            merged = self.state.merge_listing(view.listing(started), self.pending_grace)
         problems = frozenset(view.problems)
         for problem in sorted(problems - self._reported):
             logger.warning("runtime listing: {}", problem)

@@ -16,6 +16,7 @@ checkpoint or the runtime's listing predate every API event this process saw: th
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -93,7 +94,7 @@ class NodeState:
         self._api_seq = 0  # bumped when an API view's values change
         self._born: dict[str, int] = {}  # sandbox id -> `_api_seq` when the proxy saw it created
         self._touched: dict[str, int] = {}  # record id -> generation of its last change (removal too)
-        self._in_flight: set[str] = set()  # PENDING ids whose CreateContainer this process has open
+        self._in_flight: dict[str, float] = {}  # PENDING id -> when this process's CreateContainer began
 
     # -- reading ------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -244,7 +245,7 @@ class NodeState:
             gone = [c for c in self._containers.values() if c.sandbox_id == sandbox_id]
             for c in gone:
                 del self._containers[c.id]
-                self._in_flight.discard(c.id)
+                self._in_flight.pop(c.id, None)
             self._pods.pop(sandbox_id, None)
             self._born.pop(sandbox_id, None)
             self._bump(sandbox_id, *(c.id for c in gone))  # remembered even when unknown (see above)
@@ -254,7 +255,7 @@ class NodeState:
         """Add or replace a container; a PENDING one is this process's open CreateContainer."""
         with self._lock:
             if container.state is ContainerState.PENDING:
-                self._in_flight.add(container.id)
+                self._in_flight.setdefault(container.id, time.monotonic())
             if self._containers.get(container.id) != container:
                 self._containers[container.id] = container
                 self._bump(container.id)
@@ -264,7 +265,7 @@ class NodeState:
     ) -> bool:
         """A pending container got its runtime id; False when the pending record is gone."""
         with self._lock:
-            self._in_flight.discard(old_id)
+            self._in_flight.pop(old_id, None)
             c = self._containers.pop(old_id, None)
             if c is None:
                 return False
@@ -301,7 +302,7 @@ class NodeState:
         """Forget a container; even an unknown id is remembered as removed, so a listing taken
         before the removal cannot bring it back."""
         with self._lock:
-            self._in_flight.discard(container_id)
+            self._in_flight.pop(container_id, None)
             c = self._containers.pop(container_id, None)
             self._bump(container_id)
             return c
@@ -316,15 +317,19 @@ class NodeState:
             self._touched.clear()
             self._bump()
 
-    def merge_listing(self, listing: Listing) -> Merged:
+    def merge_listing(self, listing: Listing, pending_grace: float = float("inf")) -> Merged:
         """Reconcile, never replace: merge what the runtime listed into what we know (see
-        `cri_proxy.state.merge`). Events seen after the listing began win over it."""
+        `cri_proxy.state.merge`). Events seen after the listing began win over it. A pending record
+        counts as an open call for `pending_grace` seconds at most: a call whose answer never came
+        back through a hook (its connection lost) must not keep its record for ever; if it does
+        answer later, the hook records the container anew."""
+        now = time.monotonic()
         with self._lock:
             known = Known(
                 pods=dict(self._pods),
                 containers=dict(self._containers),
                 touched=dict(self._touched),
-                in_flight=frozenset(self._in_flight),
+                in_flight=frozenset(k for k, began in self._in_flight.items() if now - began < pending_grace),
             )
             merged = merge(known, listing)
             if merged.changed:
@@ -333,7 +338,7 @@ class NodeState:
                 self._pods = dict(merged.pods)
                 self._born = {sid: self._born.get(sid, 0) for sid in self._pods}
                 self._containers = dict(merged.containers)
-                self._in_flight &= self._containers.keys()
+                self._in_flight = {k: t for k, t in self._in_flight.items() if k in self._containers}
                 self.generation += 1
             # what no later listing can contradict: tombstones older than this listing
             self._touched = {

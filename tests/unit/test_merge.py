@@ -307,3 +307,15 @@ class Interleavings(RuleBasedStateMachine):
 
 Interleavings.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 test_any_interleaving_ends_in_the_runtimes_set = Interleavings.TestCase
+
+
+def test_a_pending_record_whose_answer_never_comes_goes_after_the_grace() -> None:
+    state = NodeState()
+    state.put_pod(pod("s1"))
+    state.put_container(ctr("pending/s1/app/0", name="app", state=P))
+    empty = listing([pod("s1")], [], started=state.generation)
+    assert state.container("pending/s1/app/0") is not None
+    state.merge_listing(empty, pending_grace=3600)
+    assert state.container("pending/s1/app/0") is not None  # still an open call
+    out = state.merge_listing(empty, pending_grace=0)
+    assert out.resolved == {"pending/s1/app/0": None} and state.containers() == []
