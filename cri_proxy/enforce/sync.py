@@ -59,6 +59,8 @@ class Syncer:
             await self.sync(full=False)
         except grpc.aio.AioRpcError as exc:
             logger.warning("runtime listing failed: {} {}", exc.code().name, exc.details())
+        except Exception as exc:  # a bad reply must not stop drift repair: log it, go on
+            logger.opt(exception=exc).error("runtime listing not merged: {}", exc)
 
     @staticmethod
     def _log(merged: Merged) -> None:

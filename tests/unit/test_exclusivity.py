@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from cri_proxy.cpu import CPUSet, ProblemKind, Topology
+from cri_proxy.daemon.metrics import StateCollector
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
 
@@ -99,3 +102,29 @@ def test_a_label_that_is_not_utf8_is_a_problem_on_its_pod() -> None:
     )
     (problem,) = [p for p in policy.plan().problems if p.kind is ProblemKind.BAD_TEXT]
     assert (problem.pod, problem.message) == ("team/odd", "annotation 'x' is bad")
+
+
+def test_the_metric_names_both_containers() -> None:
+    state = NodeState()
+    policy = Policy(state, TOPOLOGY, CPUSet(), CPUSet())
+    lse = add_pod(state, "lse", "", {QOS: "LSE"}, "0-1")
+    add_container(state, lse, "main", "0-1")
+    ls = add_pod(state, "ls", "burstable", {})
+    add_container(state, ls, "web", "0-7")
+    registry = CollectorRegistry()
+    view = {
+        "pods": 2,
+        "containers": 2,
+        "runtime_up": True,
+        "injections": {},
+        "problem_kinds": [str(p.kind) for p in policy.plan().problems],
+        "reconcile": {"passes": 0, "updated": 0, "failed": 0, "dropped": 0, "repaired": 0},
+        "overlaps": [
+            (o.pod, o.container, p, c, len(cpus)) for o in policy.overlaps() for p, c, cpus in o.others
+        ],
+    }
+    registry.register(StateCollector(lambda: view))
+    text = generate_latest(registry).decode()
+    labels = 'container="main",other_container="web",other_pod="team/ls",pod="team/lse"'
+    assert f"cri_proxy_exclusive_overlap_cpus{{{labels}}} 2.0" in text
+    assert 'cri_proxy_problems{kind="exclusive-overlap"} 1.0' in text
