@@ -150,7 +150,7 @@ class Proxy:
             len(self.state.containers()),
         )
         self.recovered.set()
-        self.reconciler.request()
+        self.reconciler.request(refresh=True)  # what each cgroup really has, now, not in a period
         return True
 
     async def start(self) -> None:

@@ -120,11 +120,15 @@ class Reconciler:
         self._not_taken: dict[str, int] = {}  # container id -> updates in a row its cgroup did not take
         self._requested = 0
         self._completed = 0
+        self._refresh = False
         self._wake = asyncio.Event()
         self._done = asyncio.Condition()
 
-    def request(self) -> int:
+    def request(self, refresh: bool = False) -> int:
+        """Ask for a pass (`refresh`: read every container's real cpuset first, as the periodic
+        pass does, e.g. after recovery) and return its ticket."""
         self._requested += 1
+        self._refresh = self._refresh or refresh
         self._wake.set()
         return self._requested
 
@@ -151,10 +155,11 @@ class Reconciler:
                 periodic = True
             self._wake.clear()
             ticket = self._requested
+            refresh, self._refresh = self._refresh, False
             try:
-                if periodic:
-                    if self.sync is not None:
-                        await self.sync()
+                if periodic and self.sync is not None:
+                    await self.sync()
+                if periodic or refresh:
                     await self.refresh_applied()
                 await self.pass_once()
             except Exception as exc:  # a bug in one pass must not stop reconciliation for good
