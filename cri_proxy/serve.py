@@ -28,10 +28,11 @@ from cri_proxy.daemon.http import HttpEndpoint
 from cri_proxy.daemon.metrics import CallMetrics, StateCollector
 from cri_proxy.daemon.notify import notify, watchdog_interval
 from cri_proxy.endpoints import prepare_listen_socket, socket_path
+from cri_proxy.enforce.actual import actual_reader
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.reconciler import Reconciler, actual_reader, channel_sender
+from cri_proxy.enforce.reconciler import Reconciler, channel_sender
 from cri_proxy.enforce.sync import Syncer
 from cri_proxy.errors import CheckpointError, CriProxyError
 from cri_proxy.logs import setup_logging

@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -26,32 +26,15 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.cpu import ProblemKind
-from cri_proxy.enforce import lenient
+from cri_proxy.enforce.actual import ReadActual, Reading
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.recovery import canonical_cpuset
-from cri_proxy.sources.cgroupfs import CgroupReader
-from cri_proxy.state.model import (
-    ACTUAL_CGROUP,
-    ACTUAL_STATUS,
-    UPDATABLE_STATES,
-    ContainerRecord,
-    NodeState,
-)
+from cri_proxy.state.model import ACTUAL_CGROUP, UPDATABLE_STATES, ContainerRecord, NodeState
+
+__all__ = ["PassResult", "Reconciler", "Totals", "channel_sender"]
 
 SendUpdate = Callable[[ContainerRecord, bytes], Awaitable[None]]
 """Send UpdateContainerResources(container id, linux=<these LinuxContainerResources bytes>)."""
 
-
-class Reading(NamedTuple):
-    """What a container really has: canonical cpuset, and where it was read (`ACTUAL_*`)."""
-
-    cpuset: str
-    source: str
-
-
-ReadActual = Callable[[ContainerRecord], Awaitable[Reading | None]]
-"""The cpuset a container really has now: its cgroup where readable, else the runtime's
-ContainerStatus (None: neither says). Raises the runtime's error (NOT_FOUND: it is gone)."""
 
 Sync = Callable[[], Awaitable[object]]
 """Merge the runtime's listing into the state (the periodic pass's cheap ListContainers diff)."""
@@ -186,12 +169,12 @@ class Reconciler:
         await asyncio.gather(*(one(c) for c in self.state.containers() if c.state in UPDATABLE_STATES))
         return drifted
 
-    async def observe(self, c: ContainerRecord) -> Reading | None:
+    async def observe(self, c: ContainerRecord, status_too: bool = True) -> Reading | None:
         """Read what `c` really has and record it on its record; a container gone is forgotten."""
         if self.read_actual is None:
             return None
         try:
-            reading = await self.read_actual(c)
+            reading = await self.read_actual(c, status_too)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.NOT_FOUND and self.state.remove_container(c.id) is not None:
                 self.totals.dropped += 1
@@ -352,7 +335,7 @@ class Reconciler:
         logger.info("container {} ({}) cpuset {!r} -> {!r}", c.name, c.id[:13], c.applied, want)
         done = self.state.container(c.id)
         if done is not None:
-            reading = await self.observe(done)
+            reading = await self.observe(done, status_too=False)  # the status only echoes the update
             taken = reading is None or not self._differs(reading.cpuset, want)
             if not taken and reading is not None and reading.source == ACTUAL_CGROUP:
                 self._drifted(done, reading, "the update did not reach the cgroup")
@@ -376,29 +359,6 @@ class Reconciler:
             else:
                 self._sending.pop(container_id, None)
             self._sent.notify_all()
-
-
-def actual_reader(
-    state: NodeState, cgroups: CgroupReader | None, channel: grpc.aio.Channel, timeout: float = 10.0
-) -> ReadActual:
-    """The container's cgroup `cpuset.cpus` where readable, else ContainerStatus over the runtime
-    channel (CRI >= 1.25; read leniently: a label need not be UTF-8)."""
-    status = channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus", None, None)
-
-    async def read(c: ContainerRecord) -> Reading | None:
-        pod = state.pod(c.sandbox_id)
-        if cgroups is not None and pod is not None and pod.cgroup_parent:
-            found = cgroups.read(pod.cgroup_parent, c.id)
-            if found is not None:
-                return Reading(found, ACTUAL_CGROUP)
-        request = v1.ContainerStatusRequest(container_id=c.id).SerializeToString()
-        reply = lenient.parse("ContainerStatusResponse", await status(request, timeout=timeout))
-        if not reply.status.HasField("resources") or not reply.status.resources.HasField("linux"):
-            return None
-        cpuset = lenient.text(reply.status.resources.linux.cpuset_cpus)
-        return Reading(canonical_cpuset(cpuset), ACTUAL_STATUS)
-
-    return read
 
 
 def channel_sender(channel: grpc.aio.Channel, timeout: float = 10.0) -> SendUpdate:

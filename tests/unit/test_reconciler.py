@@ -12,8 +12,9 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.cpu import CPUSet, Topology
+from cri_proxy.enforce.actual import Reading
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.reconciler import Reading, Reconciler
+from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.state.model import ACTUAL_CGROUP, ContainerRecord, ContainerState, NodeState, PodRecord
 from tests.unit.relay_support import run
 
@@ -169,7 +170,7 @@ def test_drift_behind_the_proxys_back_is_repaired() -> None:
         state = node_with(2, lsr_cpus=None)
         actual = {"c0": "3", "c1": "0-15"}  # someone changed c0 at the runtime
 
-        async def read(c: ContainerRecord) -> Reading | None:
+        async def read(c: ContainerRecord, status_too: bool) -> Reading | None:
             return Reading(actual[c.id], ACTUAL_CGROUP)
 
         send = Recorder()
@@ -217,7 +218,7 @@ class Cgroups:
         self.dropping = False
         self.reads: list[str] = []
 
-    async def read(self, c: ContainerRecord) -> Reading | None:
+    async def read(self, c: ContainerRecord, status_too: bool) -> Reading | None:
         self.reads.append(c.id)
         return Reading(self.sets[c.id], ACTUAL_CGROUP)
 
