@@ -129,7 +129,15 @@ class Reconciler:
         return True
 
     async def run(self) -> None:
-        """Passes forever: on request, and every `period` seconds."""
+        """Passes forever: on request, and every `period` seconds. Cancelled, it cancels the
+        container checks it began too."""
+        try:
+            await self._passes()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def _passes(self) -> None:
         while True:
             periodic = False
             try:
