@@ -41,10 +41,14 @@ class Syncer:
     async def sync(self, full: bool = False) -> Merged:
         """List the runtime and merge; raises when the runtime cannot be listed."""
         async with self._one:
-            started = self.state.generation
+            started = self.state.begin_listing()
             pods = {p.sandbox_id: p for p in self.state.pods()}
             containers = {c.id: c for c in self.state.containers()}
-            view = await read_runtime(self.channel, pods, containers, full=full, timeout=self.timeout)
+            try:
+                view = await read_runtime(self.channel, pods, containers, full=full, timeout=self.timeout)
+            except BaseException:
+                self.state.abandon_listing()
+                raise
             merged = self.state.merge_listing(view.listing(started), self.pending_grace)
         problems = frozenset(view.problems)
         for problem in sorted(problems - self._reported):

@@ -93,7 +93,8 @@ class NodeState:
         self._api: dict[str, ApiView] = {}  # pod uid -> what the Kubernetes API says
         self._api_seq = 0  # bumped when an API view's values change
         self._born: dict[str, int] = {}  # sandbox id -> `_api_seq` when the proxy saw it created
-        self._touched: dict[str, int] = {}  # record id -> generation of its last change (removal too)
+        self._touched: dict[str, int] = {}  # id -> generation of its last change (removal too), while
+        self._listings = 0  # ... runtime listings are open (`begin_listing`): none open, none kept
         self._in_flight: dict[str, float] = {}  # PENDING id -> when this process's CreateContainer began
 
     # -- reading ------------------------------------------------------------------------------
@@ -211,10 +212,41 @@ class NodeState:
 
     # -- changing -----------------------------------------------------------------------------
     def _bump(self, *ids: str) -> None:
-        """A change: the generation moves on, and the records it touched remember when."""
+        """A change: the generation moves on, and (while a listing is open) the records it touched
+        remember when."""
         self.generation += 1
-        for record_id in ids:
-            self._touched[record_id] = self.generation
+        if self._listings:
+            for record_id in ids:
+                self._touched[record_id] = self.generation
+
+    def begin_listing(self) -> int:
+        """A runtime listing begins: returns its `Listing.started`; end it with `merge_listing` or
+        `abandon_listing`. Changes are stamped only while a listing is open, so nothing grows
+        between listings."""
+        with self._lock:
+            self._listings += 1
+            return self.generation
+
+    def stamps(self) -> dict[str, int]:
+        """The change stamps kept now (id -> generation), for what shows their bound."""
+        with self._lock:
+            return dict(self._touched)
+
+    def abandon_listing(self) -> None:
+        """A listing that will not be merged (the runtime could not be listed)."""
+        with self._lock:
+            self._end_listing(None)
+
+    def _end_listing(self, started: int | None) -> None:
+        self._listings = max(0, self._listings - 1)
+        if not self._listings:
+            self._touched.clear()
+        elif started is not None:  # what no later listing can contradict: tombstones older than this one
+            self._touched = {
+                k: g
+                for k, g in self._touched.items()
+                if g > started or k in self._pods or k in self._containers
+            }
 
     def put_pod(self, pod: PodRecord) -> None:
         with self._lock:
@@ -340,10 +372,5 @@ class NodeState:
                 self._containers = dict(merged.containers)
                 self._in_flight = {k: t for k, t in self._in_flight.items() if k in self._containers}
                 self.generation += 1
-            # what no later listing can contradict: tombstones older than this listing
-            self._touched = {
-                k: g
-                for k, g in self._touched.items()
-                if g > listing.started or k in self._pods or k in self._containers
-            }
+            self._end_listing(listing.started)
             return merged

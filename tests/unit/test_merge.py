@@ -240,7 +240,7 @@ class Interleavings(RuleBasedStateMachine):
     @precondition(lambda self: self.open_listing is None)
     @rule()
     def listing_begins(self) -> None:
-        self.open_listing = self.runtime.listing(self.state.generation)
+        self.open_listing = self.runtime.listing(self.state.begin_listing())
 
     @precondition(lambda self: self.open_listing is not None)
     @rule()
@@ -297,7 +297,7 @@ class Interleavings(RuleBasedStateMachine):
                 self.state.put_container(ctr(call.created, call.sid, call.name, C))
         if self.open_listing is not None:
             self.state.merge_listing(self.open_listing)
-        self.state.merge_listing(self.runtime.listing(self.state.generation))
+        self.state.merge_listing(self.runtime.listing(self.state.begin_listing()))
         assert {p.sandbox_id: p.ready for p in self.state.pods()} == self.runtime.pods
         assert {c.id: c.state for c in self.state.containers()} == {
             cid: state for cid, (_, _, _, state) in self.runtime.containers.items()
@@ -319,3 +319,17 @@ def test_a_pending_record_whose_answer_never_comes_goes_after_the_grace() -> Non
     assert state.container("pending/s1/app/0") is not None  # still an open call
     out = state.merge_listing(empty, pending_grace=0)
     assert out.resolved == {"pending/s1/app/0": None} and state.containers() == []
+
+
+def test_nothing_is_remembered_between_listings() -> None:
+    """Stamps and tombstones are kept only while a listing is open: no growth without listings."""
+    state = NodeState()
+    for i in range(100):
+        state.put_pod(pod(f"s{i}"))
+        state.remove_pod(f"s{i}")
+    assert state.stamps() == {}
+    started = state.begin_listing()
+    state.remove_container("gone")
+    assert state.stamps() == {"gone": state.generation}
+    state.merge_listing(listing([], [ctr("gone")], started))
+    assert state.containers() == [] and state.stamps() == {}
