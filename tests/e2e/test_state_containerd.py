@@ -336,3 +336,31 @@ def test_an_annotation_that_is_not_utf8_does_not_stop_recovery(
             ("RemovePodSandbox", v1.RemovePodSandboxRequest(pod_sandbox_id=odd)),
         ):
             _raw(containerd.address, method, message.SerializeToString())
+
+
+def test_a_container_left_on_exclusive_cpus_is_named(
+    containerd: PrivateContainerd, proxy: ProxyProcess
+) -> None:
+    """A container the rules do not manage (its cgroup parent is no pod QoS tier) stays on every CPU
+    when an LSR pod takes CPU 1: never a silent overlap."""
+    config = pod_sandbox_config(v1, "outsider", qos="burstable", log_root=containerd.pod_log_dir)
+    config.linux.cgroup_parent = f"/kubepods/unmanaged/pod{config.metadata.uid}"
+    with connect(containerd.address) as direct:
+        sandbox = direct.runtime.RunPodSandbox(
+            v1.RunPodSandboxRequest(config=config), timeout=30
+        ).pod_sandbox_id
+        outsider = create(direct, (sandbox, config), "app")
+    with connect(proxy.address) as cri:
+        lsr_pod(cri, containerd)
+
+    def named() -> str | None:
+        problems = [p for p in proxy.ctl_json("plan")["problems"] if p["kind"] == "exclusive-overlap"]
+        if not any(
+            p["pod"] == "default/lsr" and "default/outsider app (on 1)" in p["message"] for p in problems
+        ):
+            return f"no exclusive-overlap naming default/outsider app: {problems}"
+        return None
+
+    wait_for(named)
+    assert read_container_cpuset(config.linux.cgroup_parent, outsider) == "0-1"  # really still there
+    assert "exclusivity not held" in proxy.log_path.read_text()
