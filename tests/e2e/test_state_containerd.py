@@ -364,3 +364,53 @@ def test_a_container_left_on_exclusive_cpus_is_named(
     wait_for(named)
     assert read_container_cpuset(config.linux.cgroup_parent, outsider) == "0-1"  # really still there
     assert "exclusivity not held" in proxy.log_path.read_text()
+
+
+def test_kills_and_restarts_in_sequence_while_containers_are_created(
+    containerd: PrivateContainerd, proxy: ProxyProcess
+) -> None:
+    with connect(proxy.address) as cri:
+        _, lsr, lsr_config = lsr_pod(cri, containerd)
+        ls = ls_pod(cri, containerd)
+    stop = threading.Event()
+    made: list[str] = []
+
+    def keep_creating() -> None:
+        with connect(proxy.address) as cri:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                try:
+                    made.append(create(cri, ls, f"k{n}"))
+                except grpc.RpcError:
+                    time.sleep(0.05)
+
+    def more(than: int) -> Callable[[], str | None]:
+        return lambda: None if len(made) > than else f"no container made beyond {than}"
+
+    worker = threading.Thread(target=keep_creating)
+    worker.start()
+    try:
+        for kill_first in (True, False, True):
+            wait_for(more(len(made) + 1))
+            if kill_first:
+                kill(proxy)
+                containerd.restart()
+            else:
+                containerd.restart()
+                kill(proxy)
+            proxy.start()
+        wait_for(more(len(made) + 1))
+    finally:
+        stop.set()
+        worker.join(60)
+    wait_for(lambda: mismatch(proxy, containerd))
+    with connect(proxy.address) as cri:  # kubelet-style cpuset-only update: still pinned
+        cri.runtime.UpdateContainerResources(
+            v1.UpdateContainerResourcesRequest(
+                container_id=lsr, linux=v1.LinuxContainerResources(cpuset_cpus="0-1")
+            ),
+            timeout=30,
+        )
+    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1"
+    wait_for(lambda: mismatch(proxy, containerd))
