@@ -38,6 +38,7 @@ _STATES = {
     v1.CONTAINER_CREATED: ContainerState.CREATED,
     v1.CONTAINER_RUNNING: ContainerState.RUNNING,
     v1.CONTAINER_EXITED: ContainerState.EXITED,
+    v1.CONTAINER_UNKNOWN: ContainerState.UNKNOWN,
 }
 _LIVE = (ContainerState.CREATED, ContainerState.RUNNING)
 
@@ -143,7 +144,7 @@ async def read_runtime(
         if c.state == v1.CONTAINER_UNKNOWN:
             problems.append(
                 f"container {lenient.text(c.metadata.name)} ({lenient.text(c.id)[:13]}): "
-                "the runtime reports state unknown"
+                "the runtime reports state unknown; its cpuset is left alone"
             )
     return RuntimeView(pods, containers, problems)
 
@@ -189,7 +190,7 @@ def _pod_from_list(item: Any, old: PodRecord | None) -> PodRecord:
 
 
 def _container_from_list(item: Any, old: ContainerRecord | None) -> ContainerRecord | None:
-    """A ListContainers item as a record; a container in state unknown keeps what we knew."""
+    """A ListContainers item as a record (a state this build does not know: what we knew)."""
     state = _STATES.get(item.state)
     if state is None:
         return old

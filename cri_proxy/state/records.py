@@ -18,6 +18,7 @@ class ContainerState(enum.StrEnum):
     CREATED = "created"
     RUNNING = "running"
     EXITED = "exited"
+    UNKNOWN = "unknown"  # the runtime cannot say (e.g. a create cut short by its restart): left alone
 
 
 LIVE_STATES = frozenset({ContainerState.PENDING, ContainerState.CREATED, ContainerState.RUNNING})

@@ -80,7 +80,13 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
         return f"pending: {pending}"
     known = {cid: row["state"] for cid, row in rows.items()}
     if known != runtime:
+        differ = sorted(
+            (cid[:13], known[cid], runtime[cid])
+            for cid in known.keys() & runtime.keys()
+            if known[cid] != runtime[cid]
+        )
         return (
+            f"states differ (proxy, containerd): {differ}; "
             f"proxy {sorted(known.items())} vs containerd {sorted(runtime.items())}: "
             f"unknown to the proxy {sorted(runtime.keys() - known.keys())}, "
             f"gone from containerd {sorted(known.keys() - runtime.keys())}"

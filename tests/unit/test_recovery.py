@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -290,7 +289,7 @@ def test_unreachable_runtime_raises() -> None:
     run(main())
 
 
-def test_500_containers_recover_fast_with_bounded_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_500_containers_recover_with_bounded_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
     in_flight = peak = 0
     original = RuntimeServicer.ContainerStatus
 
@@ -306,15 +305,12 @@ def test_500_containers_recover_fast_with_bounded_concurrency(monkeypatch: pytes
     monkeypatch.setattr(RuntimeServicer, "ContainerStatus", counted)
 
     async def main() -> None:
-        # 5 ms per call: 600 calls one by one would take 3 s.
+        # 5 ms per call, so that calls overlap; the time itself is bench/sync.py's business
         async with bed(seed_pods=100, seed_containers_per_pod=5, latency=0.005) as b:
-            began = time.monotonic()
             result = await recover(b.channel, None)
-            elapsed = time.monotonic() - began
             assert (len(result.pods), len(result.containers)) == (100, 500)
             assert all(c.applied == "0-1" and c.state is ContainerState.RUNNING for c in result.containers)
             assert 1 < peak <= 16
-            assert elapsed < 1.5, elapsed
 
     run(main())
 
