@@ -45,6 +45,7 @@ class Config:
     state_dir: str = "/var/lib/cri-proxy"
     kubelet_state_file: str = "/var/lib/kubelet/cpu_manager_state"
     sysfs_root: str = "/sys"
+    cgroup_root: str = "/sys/fs/cgroup"  # where containers' cgroups are read (cpuset.cpus, v1 or v2)
     reserved_cpus: str = ""
     system_cpus: str = ""
     dry_run: bool = False

@@ -31,20 +31,21 @@ from cri_proxy.daemon.reload import Reloader
 from cri_proxy.daemon.runtime_probe import RuntimeProbe
 from cri_proxy.daemon.supervisor import Supervisor
 from cri_proxy.endpoints import prepare_listen_socket, socket_path
+from cri_proxy.enforce.actual import actual_reader
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.reconciler import Reconciler, channel_reader, channel_sender
-from cri_proxy.enforce.recovery import recover
+from cri_proxy.enforce.reconciler import Reconciler, channel_sender
+from cri_proxy.enforce.sync import Syncer
 from cri_proxy.logs import setup_logging
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
 from cri_proxy.settings import Settings
+from cri_proxy.sources.cgroupfs import CgroupReader
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
-from cri_proxy.state.checkpoint import Records
 from cri_proxy.state.lock import StateDirLock
-from cri_proxy.state.model import ContainerState, NodeState
+from cri_proxy.state.model import NodeState
 from cri_proxy.sysfs import read_topology
 
 
@@ -75,12 +76,14 @@ class Proxy:
         self.relay = Relay(config, self.table, settings=self.settings.get)
         self.admin = AdminServer(config, (self.introspection, self.health))
         self.probe = RuntimeProbe(self.relay.channel, config.runtime_endpoint, on_back=self._runtime_back)
+        self.syncer = Syncer(self.state, self.relay.channel)
         self.reconciler = Reconciler(
             self.state,
             self.policy,
             channel_sender(self.relay.channel),
             self.settings.get,
-            read_actual=channel_reader(self.relay.channel),
+            read_actual=actual_reader(self.state, CgroupReader(config.cgroup_root), self.relay.channel),
+            sync=self.syncer.periodic,
         )
         self.introspection.reconciler = self.reconciler
         self.hooks = EnforceHooks(self.state, self.policy, self.reconciler, self.settings.get)
@@ -93,7 +96,6 @@ class Proxy:
         self.reloader = Reloader(
             self.settings, reload, lambda new: check_cpus(new, topology.online), self._settings_swapped
         )
-        self._saved: Records | None = None
         self._reload_wanted = False
         self.http: HttpEndpoint | None = None
         if config.metrics_address:
@@ -119,7 +121,7 @@ class Proxy:
             prepare_listen_socket(listen, config.allow_world_writable_socket_dir)
         self.admin.check()
         await self.kubelet_watch.refresh()
-        self._saved = self.checkpoints.load()
+        self.checkpoints.load()  # the runtime's listing is merged into these records
         done = await self.recovery.first(give_up_after=3.0)
         await self.admin.start()  # first: once the CRI socket answers, so does the admin socket
         try:
@@ -167,21 +169,19 @@ class Proxy:
 
     # -- recovery -----------------------------------------------------------------------------
     async def _recover_once(self) -> None:
-        """Learn every pod and container the runtime has (raises when the runtime does not answer)."""
-        found = await recover(self.relay.channel, self._saved)
-        pending = [c for c in self.state.containers() if c.state is ContainerState.PENDING]
-        self.state.replace_all(found.pods, [*found.containers, *pending])
-        for problem in found.problems:
-            logger.warning("recovery: {}", problem)
+        """Merge every pod and container the runtime has into the state (raises when the runtime
+        does not answer)."""
+        await self.syncer.sync(full=True)
         logger.info(
-            "recovered from the runtime: {} pods, {} containers", len(found.pods), len(found.containers)
+            "recovered from the runtime: {} pods, {} containers",
+            len(self.state.pods()),
+            len(self.state.containers()),
         )
-        self.reconciler.request()
+        self.reconciler.request(refresh=True)  # what each cgroup really has, now, not in a period
 
     def _runtime_back(self) -> None:
         """The runtime answers again after an outage: re-read what changed meanwhile."""
         if self.recovered.is_set():
-            self._saved = (self.state.pods(), self.state.containers())
             self.supervisor.job("recovery", self.recovery.until_done)
 
     # -- reload -------------------------------------------------------------------------------
@@ -226,6 +226,11 @@ class Proxy:
             "hook_seconds": dict(self.relay.forwarder.runner.seconds),
             "problem_kinds": [str(p.kind) for p in self.policy.plan().problems],
             "reconcile": vars(self.reconciler.totals),
+            "overlaps": [
+                (o.pod, o.container, pod, name, len(cpus))
+                for o in self.policy.overlaps()
+                for pod, name, cpus in o.others
+            ],
         }
 
     async def _watchdog(self, interval: float) -> None:

@@ -19,6 +19,12 @@ class ProblemKind(StrEnum):
     API_UNREACHABLE = "api-unreachable"
     """Only from the live proxy (its Kubernetes API watch), never from `plan --snapshot`: the
     decisions then rest on CRI data alone (plus the API views seen before)."""
+    BAD_TEXT = "bad-text"
+    """Only from the live proxy: a pod's label or annotation the runtime holds is not valid UTF-8
+    (read with replacement characters)."""
+    EXCLUSIVE_OVERLAP = "exclusive-overlap"
+    """Only from the live proxy: other containers are still on an LSE/LSR container's CPUs (the
+    pool was empty, the wait timed out, a conflict); the message names every one."""
 
 
 @dataclass(frozen=True, slots=True)

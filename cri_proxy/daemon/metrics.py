@@ -115,5 +115,14 @@ class StateCollector(Collector):
             ("updated", "containers re-pinned"),
             ("failed", "updates that failed after retries"),
             ("dropped", "containers found gone"),
+            ("repaired", "containers whose real cpuset (their cgroup) differed from the applied one"),
         ):
             yield CounterMetricFamily(f"cri_proxy_reconcile_{name}", help_text, value=s["reconcile"][name])
+        overlap = GaugeMetricFamily(
+            "cri_proxy_exclusive_overlap_cpus",
+            "CPUs of an LSE/LSR container that another container is still on, by both containers",
+            labels=["pod", "container", "other_pod", "other_container"],
+        )
+        for pod, container, other_pod, other_container, cpus in s.get("overlaps", ()):
+            overlap.add_metric([pod, container, other_pod, other_container], cpus)
+        yield overlap

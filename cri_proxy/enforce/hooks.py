@@ -191,12 +191,18 @@ class EnforceHooks:
         ticket = self.reconciler.request()
         if not await self.reconciler.wait_for(ticket, self.exclusive_wait):
             self.exclusive_timeouts += 1
+            left = [
+                p.message
+                for p in self.policy.plan().problems
+                if p.kind is ProblemKind.EXCLUSIVE_OVERLAP and p.pod == pod.key
+            ]
             logger.warning(
-                "{} {}: other containers did not leave CPUs {} within {} s; creating anyway",
+                "{} {}: other containers did not leave CPUs {} within {} s; creating anyway{}",
                 pod.key,
                 name,
                 cpus,
                 self.exclusive_wait,
+                "".join(f"; {message}" for message in left),
             )
 
     async def container_created(self, request: Message, response: Message, info: MethodInfo) -> None:
@@ -204,7 +210,18 @@ class EnforceHooks:
         pid = pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
         cid = response.container_id  # type: ignore[attr-defined]
         self._learned.discard(req.pod_sandbox_id)
-        self.state.rename_container(pid, cid)
+        renamed = self.state.rename_container(pid, cid)
+        if not renamed and self.state.container(cid) is None and self.state.pod(req.pod_sandbox_id):
+            # the pending record went meanwhile (a merge resolved or dropped it): never lose the container
+            self.state.put_container(
+                ContainerRecord(
+                    id=cid,
+                    sandbox_id=req.pod_sandbox_id,
+                    name=req.config.metadata.name,
+                    attempt=req.config.metadata.attempt,
+                    api_version=info.version,
+                )
+            )
         self.state.update_container(
             cid,
             resources=resources_bytes(req.config.linux.resources),
@@ -255,7 +272,9 @@ class EnforceHooks:
         )
 
     async def container_started(self, request: Message, response: Message, info: MethodInfo) -> None:
-        self.state.update_container(request.container_id, state=ContainerState.RUNNING)  # type: ignore[attr-defined]
+        cid = request.container_id  # type: ignore[attr-defined]
+        if self.state.update_container(cid, state=ContainerState.RUNNING) is not None and not self.dry_run:
+            self.reconciler.verify_started(cid)
 
     async def container_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
         self.state.update_container(request.container_id, state=ContainerState.EXITED)  # type: ignore[attr-defined]

@@ -7,7 +7,8 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from cri_proxy.config import Config
-from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Topology, decide
+from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
+from cri_proxy.enforce.exclusivity import Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.model import NodeState
@@ -65,8 +66,30 @@ class Policy:
         generation, facts, settings = self.state.generation, self._facts_version, self.settings()
         cached = self._cached
         if cached is None or cached[:2] != (generation, facts) or cached[2] is not settings:
-            cached = self._cached = (generation, facts, settings, self._explain(decide(self.inputs())))
+            plan = self._live_problems(self._explain(decide(self.inputs())))
+            cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
+
+    def overlaps(self) -> list[Overlap]:
+        """Live exclusive containers whose CPUs others are still on (see `exclusivity`)."""
+        return self._overlaps(self.plan())
+
+    def _overlaps(self, plan: Plan) -> list[Overlap]:
+        _, pods, containers = self.state.snapshot()
+        return overlaps(plan, {p.sandbox_id: p for p in pods}, containers, self.topology.online)
+
+    def _live_problems(self, plan: Plan) -> Plan:
+        """What only the live node shows: labels not readable as text, exclusivity not held."""
+        text = tuple(
+            Problem(p.key, ProblemKind.BAD_TEXT, message)
+            for p in self.state.pods()
+            if p.ready
+            for message in p.problems
+        )
+        found = overlap_problems(self._overlaps(plan))
+        if not text and not found:
+            return plan
+        return Plan(plan.pools, plan.containers, (*plan.problems, *text, *found))
 
     def _explain(self, plan: Plan) -> Plan:
         """Say in `why` when a pod's QoS label or allocation came from the Kubernetes API, not CRI."""

@@ -3,14 +3,21 @@
 One pass at a time; requests that arrive during a pass coalesce into one more pass. Each update
 carries the container's full last-known resources with only `cpuset_cpus` replaced. Bounded
 concurrency, retries with back-off for transient errors, NOT_FOUND drops the container, and a
-periodic pass repairs drift (an update that failed, a change made behind the proxy's back).
+periodic pass first merges the runtime's listing into the state (containers created or exited
+behind the proxy's back), then repairs drift: what each container's cgroup really has, never what
+the proxy last sent, is compared with what was applied. An update is checked against the cgroup
+once sent, and again after the container's start (containerd 1.6 can drop an update that lands
+around a start while reporting it applied).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -19,15 +26,19 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
+from cri_proxy.cpu import ProblemKind
+from cri_proxy.enforce.actual import ReadActual, Reading
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.enforce.recovery import canonical_cpuset
-from cri_proxy.state.model import UPDATABLE_STATES, ContainerRecord, NodeState
+from cri_proxy.state.model import ACTUAL_CGROUP, UPDATABLE_STATES, ContainerRecord, NodeState
+
+__all__ = ["PassResult", "Reconciler", "Totals", "channel_sender"]
 
 SendUpdate = Callable[[ContainerRecord, bytes], Awaitable[None]]
 """Send UpdateContainerResources(container id, linux=<these LinuxContainerResources bytes>)."""
 
-ReadCpuset = Callable[[ContainerRecord], Awaitable[str | None]]
-"""The cpuset the runtime reports for a container now (None: it does not say)."""
+
+Sync = Callable[[], Awaitable[object]]
+"""Merge the runtime's listing into the state (the periodic pass's cheap ListContainers diff)."""
 
 TRANSIENT = frozenset(
     {
@@ -57,6 +68,7 @@ class Totals:
     updated: int = 0
     failed: int = 0
     dropped: int = 0
+    repaired: int = 0  # containers whose real cpuset differed from what was applied, re-sent
 
 
 class Reconciler:
@@ -70,7 +82,8 @@ class Reconciler:
         settings: Callable[[], Config],
         *,
         attempts: int = 4,
-        read_actual: ReadCpuset | None = None,
+        read_actual: ReadActual | None = None,
+        sync: Sync | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
@@ -78,9 +91,16 @@ class Reconciler:
         self.settings = settings  # concurrency, period, dry-run: read when used, a reload swaps them
         self.attempts = attempts
         self.read_actual = read_actual
+        self.sync = sync
         self.totals = Totals()
+        self._sending: dict[str, int] = {}  # container id -> updates in flight
+        self._sent = asyncio.Condition()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._overlaps: frozenset[str] = frozenset()
+        self._not_taken: dict[str, int] = {}  # container id -> updates in a row its cgroup did not take
         self._requested = 0
         self._completed = 0
+        self._refresh = False
         self._wake = asyncio.Event()
         self._done = asyncio.Condition()
 
@@ -96,8 +116,11 @@ class Reconciler:
     def dry_run(self) -> bool:
         return self.settings().dry_run
 
-    def request(self) -> int:
+    def request(self, refresh: bool = False) -> int:
+        """Ask for a pass (`refresh`: read every container's real cpuset first, as the periodic
+        pass does, e.g. after recovery) and return its ticket."""
         self._requested += 1
+        self._refresh = self._refresh or refresh
         self._wake.set()
         return self._requested
 
@@ -115,7 +138,15 @@ class Reconciler:
         return True
 
     async def run(self) -> None:
-        """Passes forever: on request, and every `period` seconds."""
+        """Passes forever: on request, and every `period` seconds. Cancelled, it cancels the
+        container checks it began too."""
+        try:
+            await self._passes()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def _passes(self) -> None:
         while True:
             periodic = False
             try:
@@ -124,8 +155,11 @@ class Reconciler:
                 periodic = True
             self._wake.clear()
             ticket = self._requested
+            refresh, self._refresh = self._refresh, False
             try:
-                if periodic:
+                if periodic and self.sync is not None:
+                    await self.sync()
+                if periodic or refresh:
                     await self.refresh_applied()
                 await self.pass_once()
             except Exception as exc:  # a bug in one pass must not stop reconciliation for good
@@ -135,36 +169,103 @@ class Reconciler:
                 self._done.notify_all()
 
     async def refresh_applied(self) -> int:
-        """Drift repair: take the cpuset each live container really has from the runtime, so the
-        pass that follows corrects what was changed behind the proxy's back. Returns how many differed."""
-        if self.read_actual is None:
-            return 0
-        read = self.read_actual
+        """Drift repair: read the cpuset each live container really has (its cgroup where the
+        proxy can read it), so the pass that follows corrects what differs from what was applied.
+        Returns how many differed."""
         gate = asyncio.Semaphore(self.concurrency)
         drifted = 0
 
         async def one(c: ContainerRecord) -> None:
             nonlocal drifted
             async with gate:
-                try:
-                    actual = await read(c)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() is grpc.StatusCode.NOT_FOUND:
-                        self.state.remove_container(c.id)
-                    return
-            if actual is not None and actual != c.applied:
+                reading = await self.observe(c)
+            if reading is not None and self._differs(reading.cpuset, c.applied):
                 drifted += 1
-                logger.warning(
-                    "container {} ({}) has cpuset {!r}, not {!r}: drift, repairing",
-                    c.name,
-                    c.id[:13],
-                    actual,
-                    c.applied,
-                )
-                self.state.update_container(c.id, applied=actual)
+                self._drifted(c, reading, "drift")
 
         await asyncio.gather(*(one(c) for c in self.state.containers() if c.state in UPDATABLE_STATES))
         return drifted
+
+    async def observe(self, c: ContainerRecord, status_too: bool = True) -> Reading | None:
+        """Read what `c` really has and record it on its record; a container gone is forgotten."""
+        if self.read_actual is None:
+            return None
+        try:
+            reading = await self.read_actual(c, status_too)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND and self.state.remove_container(c.id) is not None:
+                self.totals.dropped += 1
+                logger.info("container {} ({}) is gone from the runtime; forgotten", c.name, c.id[:13])
+            return None
+        if reading is not None:
+            self.state.observe_container(c.id, reading.cpuset, reading.source, time.time())
+        return reading
+
+    def _differs(self, actual: str, applied: str | None) -> bool:
+        """A real cpuset differs from the applied one ("" = none set = every online CPU)."""
+        if applied is None:
+            return False
+        online = str(self.policy.topology.online)
+        return (actual or online) != (applied or online)
+
+    def _drifted(self, c: ContainerRecord, reading: Reading, why: str) -> None:
+        """`c` really has another cpuset than applied: take it as applied, so it is sent again."""
+        self.totals.repaired += 1
+        pod = self.state.pod(c.sandbox_id)
+        logger.warning(
+            "{} {} ({}): {} has cpuset {!r}, not {!r} as applied ({}); repairing",
+            pod.key if pod is not None else f"sandbox {c.sandbox_id[:13]}",
+            c.name,
+            c.id[:13],
+            "its cgroup" if reading.source == ACTUAL_CGROUP else "the runtime",
+            reading.cpuset,
+            c.applied,
+            why,
+        )
+        self.state.update_container(c.id, applied=reading.cpuset)
+
+    def verify_started(self, container_id: str) -> None:
+        """After StartContainer: once no update to it is in flight, check the container's cgroup
+        took the applied cpuset (containerd 1.6 drops an update that lands around a start)."""
+        self._spawn(self._verify(container_id))
+
+    async def _verify(self, container_id: str, timeout: float = 10.0) -> None:
+        async with self._sent:
+            with contextlib.suppress(TimeoutError):
+                idle = self._sent.wait_for(lambda: container_id not in self._sending)
+                await asyncio.wait_for(idle, timeout)
+        c = self.state.container(container_id)
+        if c is None or c.state not in UPDATABLE_STATES:
+            return
+        reading = await self.observe(c)
+        if reading is not None and self._differs(reading.cpuset, c.applied):
+            self._drifted(c, reading, "update around its start not taken")
+            self.request()
+
+    async def checks_done(self) -> None:
+        """Wait until the checks `verify_started` began have finished (for tests and shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            logger.opt(exception=exc).error("container check failed: {}", exc)
+
+    def _report_overlaps(self) -> None:
+        """Log each overlap of an exclusive container's CPUs once, when it appears."""
+        now = {p.message for p in self.policy.plan().problems if p.kind is ProblemKind.EXCLUSIVE_OVERLAP}
+        for message in sorted(now - self._overlaps):
+            logger.warning("exclusivity not held: {}", message)
+        for message in sorted(self._overlaps - now):
+            logger.info("exclusivity restored: {}", message)
+        self._overlaps = frozenset(now)
 
     def pending(self) -> list[tuple[ContainerRecord, str]]:
         """(container, decided cpuset) for every live container whose applied set differs."""
@@ -187,7 +288,9 @@ class Reconciler:
         result = PassResult()
         todo = self.pending()
         self.totals.passes += 1
+        self._not_taken = {k: n for k, n in self._not_taken.items() if self.state.container(k) is not None}
         if not todo:
+            self._report_overlaps()
             return result
         if self.dry_run:
             for c, want in todo:
@@ -209,12 +312,14 @@ class Reconciler:
         logger.info(
             "reconciled: {} updated, {} failed, {} gone", result.updated, result.failed, result.dropped
         )
+        self._report_overlaps()
         return result
 
     async def _update(self, c: ContainerRecord, want: str, result: PassResult) -> None:
         resources = c.linux_resources()
         resources.cpuset_cpus = want
         body = resources.SerializeToString()
+        self._sending[c.id] = self._sending.get(c.id, 0) + 1
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.attempts),
@@ -240,24 +345,37 @@ class Reconciler:
                 exc.details(),
             )
             return
+        finally:
+            await self._done_sending(c.id)
         self.state.update_container(c.id, applied=want, resources=body)
         result.updated += 1
         logger.info("container {} ({}) cpuset {!r} -> {!r}", c.name, c.id[:13], c.applied, want)
+        done = self.state.container(c.id)
+        if done is not None:
+            reading = await self.observe(done, status_too=False)  # the status only echoes the update
+            taken = reading is None or not self._differs(reading.cpuset, want)
+            if not taken and reading is not None and reading.source == ACTUAL_CGROUP:
+                self._drifted(done, reading, "the update did not reach the cgroup")
+                self._retry_later(c.id)
+            else:
+                self._not_taken.pop(c.id, None)
 
+    def _retry_later(self, container_id: str) -> None:
+        """Ask for another pass soon, backing off per container (0.5 s, 1 s, ... up to the period),
+        so a cgroup that keeps refusing a set is not hammered."""
+        n = self._not_taken.get(container_id, 0)
+        self._not_taken[container_id] = n + 1
+        delay = min(0.5 * 2**n, max(self.period, 1.0))
+        asyncio.get_running_loop().call_later(delay, self.request)
 
-def channel_reader(channel: grpc.aio.Channel, timeout: float = 10.0) -> ReadCpuset:
-    """ContainerStatus over the runtime channel: the cpuset the runtime has (CRI >= 1.25)."""
-    status = channel.unary_unary("/runtime.v1.RuntimeService/ContainerStatus", None, None)
-
-    async def read(c: ContainerRecord) -> str | None:
-        reply = v1.ContainerStatusResponse.FromString(
-            await status(v1.ContainerStatusRequest(container_id=c.id).SerializeToString(), timeout=timeout)
-        )
-        if not reply.status.HasField("resources") or not reply.status.resources.HasField("linux"):
-            return None
-        return canonical_cpuset(reply.status.resources.linux.cpuset_cpus)
-
-    return read
+    async def _done_sending(self, container_id: str) -> None:
+        async with self._sent:
+            left = self._sending.get(container_id, 1) - 1
+            if left > 0:
+                self._sending[container_id] = left
+            else:
+                self._sending.pop(container_id, None)
+            self._sent.notify_all()
 
 
 def channel_sender(channel: grpc.aio.Channel, timeout: float = 10.0) -> SendUpdate:

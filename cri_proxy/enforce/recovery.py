@@ -1,27 +1,30 @@
-"""Recovery after a restart: rebuild the node state from the runtime, filling gaps from the checkpoint.
+"""Reading the runtime: what sandboxes and containers it has, as records for the merge.
 
-The runtime is the truth for what exists: checkpoint entries it no longer has are dropped. The
-checkpoint only fills what the runtime cannot say: a cgroup parent the sandbox status does not show,
-and the resources of a container whose runtime predates `ContainerStatus.resources` (CRI < 1.25).
-A runtime that cannot be reached raises (the caller retries); a container that vanished between the
-listing and its status is skipped.
+The runtime is the truth for what exists (`cri_proxy.state.merge` folds a listing into the state).
+What the proxy knew only fills what the runtime cannot say: a cgroup parent the sandbox status does
+not show, and the resources of a container whose runtime predates `ContainerStatus.resources`
+(CRI < 1.25). Replies are read by lenient twins of the messages, so no label or annotation content
+can make a listing unreadable. A runtime that cannot be reached raises (the caller retries); a
+container that vanished between the listing and its status is skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError, Message
 
 from cri_api.v1 import api_pb2 as v1
-from cri_api.v1 import api_pb2_grpc as v1_grpc
 from cri_proxy.cpu import CPUSet
+from cri_proxy.enforce import lenient
 from cri_proxy.errors import CpuError
+from cri_proxy.state.merge import Known, Listing, merge
 from cri_proxy.state.model import ContainerRecord, ContainerState, PodRecord
 
 CRIO_CGROUP_PARENT = "io.kubernetes.cri-o.CgroupParent"
@@ -31,7 +34,13 @@ T = TypeVar("T")
 R = TypeVar("R")
 Checkpoint = tuple[list[PodRecord], list[ContainerRecord]]
 
-_LIVE = {v1.CONTAINER_CREATED: ContainerState.CREATED, v1.CONTAINER_RUNNING: ContainerState.RUNNING}
+_STATES = {
+    v1.CONTAINER_CREATED: ContainerState.CREATED,
+    v1.CONTAINER_RUNNING: ContainerState.RUNNING,
+    v1.CONTAINER_EXITED: ContainerState.EXITED,
+    v1.CONTAINER_UNKNOWN: ContainerState.UNKNOWN,
+}
+_LIVE = (ContainerState.CREATED, ContainerState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -45,111 +54,188 @@ class Recovered:
     dropped_containers: list[str] = field(default_factory=list)  # checkpoint container ids likewise
 
 
+@dataclass(frozen=True)
+class RuntimeView:
+    """One listing of the runtime, as records by id, and what could not be read cleanly."""
+
+    pods: dict[str, PodRecord]
+    containers: dict[str, ContainerRecord]
+    problems: list[str]
+
+    def listing(self, started: int) -> Listing:
+        return Listing(self.pods, self.containers, started)
+
+
+class _Runtime:
+    """runtime.v1 calls as raw bytes, replies read by the lenient twins (any string content)."""
+
+    def __init__(self, channel: grpc.aio.Channel, timeout: float) -> None:
+        self.channel = channel
+        self.timeout = timeout
+
+    async def call(self, method: str, request: Message) -> Any:
+        send = self.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}", None, None)
+        reply: bytes = await send(request.SerializeToString(), timeout=self.timeout)
+        return lenient.parse(f"{method}Response", reply)
+
+
+async def read_runtime(
+    channel: grpc.aio.Channel,
+    known_pods: Mapping[str, PodRecord],
+    known_containers: Mapping[str, ContainerRecord],
+    *,
+    full: bool,
+    timeout: float = 10.0,
+) -> RuntimeView:
+    """List the runtime's sandboxes and containers (runtime.v1 on `channel`).
+
+    `full`: ask every sandbox's and live container's status (cgroup parent, resources, cpuset),
+    as after a restart or an outage. Otherwise (the periodic pass) only the lists, plus the status
+    of what is not known yet. A runtime that cannot be reached raises; a sandbox or container that
+    vanished between the listing and its status is left out; a label or annotation that is not
+    UTF-8 becomes a problem on its pod, never a failure.
+    """
+    runtime = _Runtime(channel, timeout)
+    problems: list[str] = []
+    # Containers first: a container listed now has its sandbox in the sandbox listing that follows,
+    # unless the sandbox went away meanwhile, and then the container is gone too.
+    listed = (await runtime.call("ListContainers", v1.ListContainersRequest())).containers
+    sandboxes = (await runtime.call("ListPodSandbox", v1.ListPodSandboxRequest())).items
+
+    async def pod_record(item: Any) -> PodRecord | None:
+        sid = lenient.text(item.id)
+        old = known_pods.get(sid)
+        record = _pod_from_list(item, old)
+        if not full and old is not None and old.cgroup_parent:
+            return record  # the merge keeps its cgroup parent
+        request = v1.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True)
+        response = await _unless_not_found(runtime.call("PodSandboxStatus", request))
+        if response is None:
+            return None
+        parent = cgroup_parent_from_info(lenient.text_map(response.info, f"sandbox {sid[:13]} info", []))
+        if not parent and old is not None:
+            parent = old.cgroup_parent
+        if not parent:
+            problems.append(
+                f"pod {record.key} (sandbox {sid[:13]}): the runtime shows no cgroup parent and the "
+                "checkpoint has none; the pod is left unmanaged"
+            )
+        return replace(record, cgroup_parent=parent)
+
+    pods = {p.sandbox_id: p for p in await _bounded(pod_record, sandboxes) if p is not None}
+    for p in pods.values():
+        problems.extend(f"pod {p.key}: {problem}" for problem in p.problems)
+
+    async def container_record(item: Any) -> ContainerRecord | None:
+        cid = lenient.text(item.id)
+        old = known_containers.get(cid)
+        record = _container_from_list(item, old)
+        if record is None or record.state not in _LIVE or (not full and old is not None):
+            return record
+        request = v1.ContainerStatusRequest(container_id=cid)
+        response = await _unless_not_found(runtime.call("ContainerStatus", request))
+        if response is None:
+            return None
+        return _with_status(record, response.status, old, problems)
+
+    live = [c for c in listed if lenient.text(c.pod_sandbox_id) in pods]
+    containers = {c.id: c for c in await _bounded(container_record, live) if c is not None}
+    for c in listed:
+        if c.state == v1.CONTAINER_UNKNOWN:
+            problems.append(
+                f"container {lenient.text(c.metadata.name)} ({lenient.text(c.id)[:13]}): "
+                "the runtime reports state unknown; its cpuset is left alone"
+            )
+    return RuntimeView(pods, containers, problems)
+
+
 async def recover(
     channel: grpc.aio.Channel, checkpoint: Checkpoint | None, timeout: float = 10.0
 ) -> Recovered:
-    """Ask the runtime (runtime.v1 on `channel`) for every sandbox and live container."""
-    stub: Any = v1_grpc.RuntimeServiceStub  # generated without annotations
-    runtime = stub(channel)
+    """The runtime's sandboxes and live containers merged into a checkpoint (a full listing)."""
     old_pods = {p.sandbox_id: p for p in checkpoint[0]} if checkpoint else {}
     old_containers = {c.id: c for c in checkpoint[1]} if checkpoint else {}
-    problems: list[str] = []
-
-    # Containers first: a container listed now has its sandbox in the sandbox listing that follows,
-    # unless the sandbox went away meanwhile, and then the container is gone too.
-    listed = (await runtime.ListContainers(v1.ListContainersRequest(), timeout=timeout)).containers
-    sandboxes = (await runtime.ListPodSandbox(v1.ListPodSandboxRequest(), timeout=timeout)).items
-
-    async def pod_status(sandbox_id: str) -> PodRecord | None:
-        request = v1.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True)
-        response = await _unless_not_found(runtime.PodSandboxStatus(request, timeout=timeout))
-        if response is None:
-            return None
-        return _pod_record(response, old_pods.get(sandbox_id), problems)
-
-    pods = [p for p in await _bounded(pod_status, [s.id for s in sandboxes]) if p is not None]
-    known = {p.sandbox_id for p in pods}
-
-    async def container_status(item: tuple[str, str]) -> ContainerRecord | None:
-        container_id, sandbox_id = item
-        request = v1.ContainerStatusRequest(container_id=container_id)
-        response = await _unless_not_found(runtime.ContainerStatus(request, timeout=timeout))
-        if response is None:
-            return None
-        old = old_containers.get(container_id)
-        return _container_record(response.status, sandbox_id, old, problems)
-
-    for c in listed:
-        if c.state == v1.CONTAINER_UNKNOWN:
-            problems.append(f"container {c.metadata.name} ({c.id[:13]}): the runtime reports state unknown")
-    live = [(c.id, c.pod_sandbox_id) for c in listed if c.state in _LIVE and c.pod_sandbox_id in known]
-    containers = [c for c in await _bounded(container_status, live) if c is not None]
-    have = {c.id for c in containers}
+    view = await read_runtime(channel, old_pods, old_containers, full=True, timeout=timeout)
+    merged = merge(Known(old_pods, old_containers), view.listing(0))
     return Recovered(
-        pods=pods,
-        containers=containers,
-        problems=problems,
-        dropped_pods=sorted(set(old_pods) - known),
-        dropped_containers=sorted(set(old_containers) - have),
+        pods=list(merged.pods.values()),
+        containers=[c for c in merged.containers.values() if c.state in _LIVE],
+        problems=view.problems,
+        dropped_pods=merged.dropped_pods,
+        dropped_containers=sorted(
+            cid for cid in old_containers if cid not in merged.containers or cid in merged.exited
+        ),
     )
 
 
-def _pod_record(response: Any, old: PodRecord | None, problems: list[str]) -> PodRecord:
-    status = response.status
-    meta = status.metadata
-    parent = cgroup_parent_from_info(response.info)
-    if not parent:
-        if old is not None:
-            parent = old.cgroup_parent
-        else:
-            problems.append(
-                f"pod {meta.namespace}/{meta.name} (sandbox {status.id[:13]}): the runtime shows no "
-                "cgroup parent and the checkpoint has none; the pod is left unmanaged"
-            )
+def _pod_from_list(item: Any, old: PodRecord | None) -> PodRecord:
+    """A ListPodSandbox item as a record (no cgroup parent: the list does not show it)."""
+    meta = item.metadata
+    namespace, name = lenient.text(meta.namespace), lenient.text(meta.name)
+    problems: list[str] = []
+    labels = lenient.text_map(item.labels, "label", problems)
+    annotations = lenient.text_map(item.annotations, "annotation", problems)
     return PodRecord(
-        sandbox_id=status.id,
-        uid=meta.uid,
-        name=meta.name,
-        namespace=meta.namespace,
-        cgroup_parent=parent,
-        labels=dict(status.labels),
-        annotations=dict(status.annotations),
-        ready=status.state == v1.SANDBOX_READY,
+        sandbox_id=lenient.text(item.id),
+        uid=lenient.text(meta.uid),
+        name=name,
+        namespace=namespace,
+        cgroup_parent="",
+        labels=labels,
+        annotations=annotations,
+        ready=item.state == v1.SANDBOX_READY,
         api_version=old.api_version if old is not None else "v1",
+        problems=tuple(problems),
     )
 
 
-def _container_record(
-    status: Any, sandbox_id: str, old: ContainerRecord | None, problems: list[str]
-) -> ContainerRecord | None:
-    state = _LIVE.get(status.state)
-    if state is None:  # exited between the listing and the status
-        return None
-    if status.HasField("resources") and status.resources.HasField("linux"):
-        linux = status.resources.linux
-        resources: bytes = linux.SerializeToString()
-        applied: str | None = canonical_cpuset(linux.cpuset_cpus)
-    elif old is not None:
-        resources, applied = old.resources, old.applied
-    else:
-        resources, applied = b"", None
-        problems.append(
-            f"container {status.metadata.name} ({status.id[:13]}): the runtime reports no resources "
-            "and the checkpoint has none; its cpuset cannot be changed safely"
-        )
+def _container_from_list(item: Any, old: ContainerRecord | None) -> ContainerRecord | None:
+    """A ListContainers item as a record (a state this build does not know: what we knew)."""
+    state = _STATES.get(item.state)
+    if state is None:
+        return old
     return ContainerRecord(
-        id=status.id,
-        sandbox_id=sandbox_id,
-        name=status.metadata.name,
-        resources=resources,
+        id=lenient.text(item.id),
+        sandbox_id=lenient.text(item.pod_sandbox_id),
+        name=lenient.text(item.metadata.name),
         state=state,
-        applied=applied,
-        attempt=status.metadata.attempt,
+        attempt=item.metadata.attempt,
         api_version=old.api_version if old is not None else "v1",
     )
 
 
-def cgroup_parent_from_info(info: Any) -> str:
+def _with_status(
+    record: ContainerRecord, status: Any, old: ContainerRecord | None, problems: list[str]
+) -> ContainerRecord | None:
+    state = _STATES.get(status.state)
+    if state is None:
+        return record
+    resources, applied = _resources(status)
+    if resources is None:
+        if old is not None:
+            resources, applied = old.resources, old.applied
+        else:
+            resources, applied = b"", None
+            problems.append(
+                f"container {record.name} ({record.id[:13]}): the runtime reports no resources "
+                "and the checkpoint has none; its cpuset cannot be changed safely"
+            )
+    return replace(record, state=state, resources=resources, applied=applied)
+
+
+def _resources(status: Any) -> tuple[bytes | None, str | None]:
+    """(LinuxContainerResources wire bytes, canonical cpuset) from a lenient ContainerStatus."""
+    if not status.HasField("resources") or not status.resources.HasField("linux"):
+        return None, None
+    data: bytes = status.resources.linux.SerializeToString()
+    try:
+        linux = v1.LinuxContainerResources.FromString(data)
+    except DecodeError:
+        return None, None
+    return data, canonical_cpuset(linux.cpuset_cpus)
+
+
+def cgroup_parent_from_info(info: Mapping[str, str]) -> str:
     """The sandbox's cgroup parent from a verbose `PodSandboxStatus` info map; "" when not shown."""
     try:
         doc = json.loads(info.get("info", ""))

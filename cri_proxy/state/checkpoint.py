@@ -47,6 +47,7 @@ def dumps(pods: list[PodRecord], containers: list[ContainerRecord], written_at: 
                 "annotations": dict(p.annotations),
                 "ready": p.ready,
                 "api_version": p.api_version,
+                "problems": list(p.problems),
             }
             for p in pods
         ],
@@ -60,6 +61,9 @@ def dumps(pods: list[PodRecord], containers: list[ContainerRecord], written_at: 
                 "applied": c.applied,
                 "attempt": c.attempt,
                 "api_version": c.api_version,
+                "actual_cpuset": c.actual_cpuset,
+                "actual_source": c.actual_source,
+                "actual_at": c.actual_at,
             }
             for c in containers
         ],
@@ -171,7 +175,30 @@ def _pod(item: object, where: str) -> PodRecord:
         annotations=_str_map(obj, "annotations", where),
         ready=_get(obj, "ready", bool, where),
         api_version=_get(obj, "api_version", str, where),
+        problems=tuple(_optional_strs(obj, "problems", where)),
     )
+
+
+def _optional_strs(obj: Mapping[str, Any], key: str, where: str) -> list[str]:
+    """A list of strings that checkpoints written before it existed lack (then empty)."""
+    value = obj.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointError(f"{where}.{key} is not a list of strings")
+    return value
+
+
+def _actual(obj: Mapping[str, Any], where: str) -> tuple[str | None, str, float]:
+    """The last reading of a container's real cpuset; absent in older checkpoints (unknown)."""
+    cpuset = obj.get("actual_cpuset")
+    source = obj.get("actual_source", "")
+    at = obj.get("actual_at", 0.0)
+    if cpuset is not None and not isinstance(cpuset, str):
+        raise CheckpointError(f"{where}.actual_cpuset is {_describe(cpuset)}, not str or null")
+    if not isinstance(source, str):
+        raise CheckpointError(f"{where}.actual_source is {_describe(source)}, not str")
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        raise CheckpointError(f"{where}.actual_at is {_describe(at)}, not a number")
+    return cpuset, source, float(at)
 
 
 def _container(item: object, where: str) -> ContainerRecord:
@@ -188,6 +215,7 @@ def _container(item: object, where: str) -> ContainerRecord:
     applied = obj.get("applied", _MISSING)
     if applied is not None and not isinstance(applied, str):  # also when missing
         raise CheckpointError(f"{where}.applied is {_describe(applied)}, not str or null")
+    actual_cpuset, actual_source, actual_at = _actual(obj, where)
     return ContainerRecord(
         id=_get(obj, "id", str, where),
         sandbox_id=_get(obj, "sandbox_id", str, where),
@@ -197,4 +225,7 @@ def _container(item: object, where: str) -> ContainerRecord:
         applied=applied,
         attempt=_get(obj, "attempt", int, where),
         api_version=_get(obj, "api_version", str, where),
+        actual_cpuset=actual_cpuset,
+        actual_source=actual_source,
+        actual_at=actual_at,
     )

@@ -15,72 +15,42 @@ checkpoint or the runtime's listing predate every API event this process saw: th
 
 from __future__ import annotations
 
-import enum
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from cri_api.v1 import api_pb2 as v1
 from cri_proxy.cpu import ContainerInfo, PodInfo
 from cri_proxy.cpu.keys import ALLOCATION_ANNOTATIONS, QOS_LABEL
+from cri_proxy.state.merge import Known, Listing, Merged, merge
+from cri_proxy.state.records import (
+    ACTUAL_CGROUP,
+    ACTUAL_STATUS,
+    LIVE_STATES,
+    UPDATABLE_STATES,
+    ContainerRecord,
+    ContainerState,
+    PodRecord,
+)
+
+__all__ = [
+    "ACTUAL_CGROUP",
+    "ACTUAL_STATUS",
+    "LIVE_STATES",
+    "UPDATABLE_STATES",
+    "ApiView",
+    "ContainerRecord",
+    "ContainerState",
+    "NodeState",
+    "PodRecord",
+    "resources_bytes",
+]
 
 API_LABELS: tuple[str, ...] = (QOS_LABEL,)
 """The labels taken from the Kubernetes API view; every other label comes from CRI."""
 
 API_ANNOTATIONS: tuple[str, ...] = ALLOCATION_ANNOTATIONS
 """The annotations taken from the Kubernetes API view; every other annotation comes from CRI."""
-
-
-class ContainerState(enum.StrEnum):
-    PENDING = "pending"  # CreateContainer forwarded, no id yet: never updated by the reconciler
-    CREATED = "created"
-    RUNNING = "running"
-    EXITED = "exited"
-
-
-LIVE_STATES = frozenset({ContainerState.PENDING, ContainerState.CREATED, ContainerState.RUNNING})
-UPDATABLE_STATES = frozenset({ContainerState.CREATED, ContainerState.RUNNING})
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    """A pod sandbox: identity, the QoS label and allocation annotations, the cgroup parent."""
-
-    sandbox_id: str
-    uid: str
-    name: str
-    namespace: str
-    cgroup_parent: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    ready: bool = True
-    api_version: str = "v1"
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerRecord:
-    """A container: its pod, its full last-known resources, and the cpuset last applied to it.
-
-    `resources` is the runtime.v1 `LinuxContainerResources` wire encoding (v1alpha2 is the same
-    on the wire): the reconciler sends it back whole with only `cpuset_cpus` replaced. `applied`
-    is the canonical cpuset the runtime was last told (None: unknown, "" : none set).
-    """
-
-    id: str
-    sandbox_id: str
-    name: str
-    resources: bytes = b""
-    state: ContainerState = ContainerState.CREATED
-    applied: str | None = None
-    attempt: int = 0
-    api_version: str = "v1"
-
-    def linux_resources(self) -> v1.LinuxContainerResources:
-        return v1.LinuxContainerResources.FromString(self.resources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +93,9 @@ class NodeState:
         self._api: dict[str, ApiView] = {}  # pod uid -> what the Kubernetes API says
         self._api_seq = 0  # bumped when an API view's values change
         self._born: dict[str, int] = {}  # sandbox id -> `_api_seq` when the proxy saw it created
+        self._touched: dict[str, int] = {}  # id -> generation of its last change (removal too), while
+        self._listings = 0  # ... runtime listings are open (`begin_listing`): none open, none kept
+        self._in_flight: dict[str, float] = {}  # PENDING id -> when this process's CreateContainer began
 
     # -- reading ------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -238,8 +211,42 @@ class NodeState:
             return True
 
     # -- changing -----------------------------------------------------------------------------
-    def _bump(self) -> None:
+    def _bump(self, *ids: str) -> None:
+        """A change: the generation moves on, and (while a listing is open) the records it touched
+        remember when."""
         self.generation += 1
+        if self._listings:
+            for record_id in ids:
+                self._touched[record_id] = self.generation
+
+    def begin_listing(self) -> int:
+        """A runtime listing begins: returns its `Listing.started`; end it with `merge_listing` or
+        `abandon_listing`. Changes are stamped only while a listing is open, so nothing grows
+        between listings."""
+        with self._lock:
+            self._listings += 1
+            return self.generation
+
+    def stamps(self) -> dict[str, int]:
+        """The change stamps kept now (id -> generation), for what shows their bound."""
+        with self._lock:
+            return dict(self._touched)
+
+    def abandon_listing(self) -> None:
+        """A listing that will not be merged (the runtime could not be listed)."""
+        with self._lock:
+            self._end_listing(None)
+
+    def _end_listing(self, started: int | None) -> None:
+        self._listings = max(0, self._listings - 1)
+        if not self._listings:
+            self._touched.clear()
+        elif started is not None:  # what no later listing can contradict: tombstones older than this one
+            self._touched = {
+                k: g
+                for k, g in self._touched.items()
+                if g > started or k in self._pods or k in self._containers
+            }
 
     def put_pod(self, pod: PodRecord) -> None:
         with self._lock:
@@ -247,7 +254,7 @@ class NodeState:
                 if pod.sandbox_id not in self._pods:
                     self._born[pod.sandbox_id] = self._api_seq
                 self._pods[pod.sandbox_id] = pod
-                self._bump()
+                self._bump(pod.sandbox_id)
 
     def stop_pod(self, sandbox_id: str) -> bool:
         """The sandbox stopped: it no longer counts, nor do its containers (they stopped too)."""
@@ -256,10 +263,12 @@ class NodeState:
             if pod is None:
                 return False
             self._pods[sandbox_id] = replace(pod, ready=False)
+            touched = [sandbox_id]
             for c in list(self._containers.values()):
-                if c.sandbox_id == sandbox_id and c.state is not ContainerState.EXITED:
+                if c.sandbox_id == sandbox_id and c.state in UPDATABLE_STATES:  # PENDING: its call says
                     self._containers[c.id] = replace(c, state=ContainerState.EXITED)
-            self._bump()
+                    touched.append(c.id)
+            self._bump(*touched)
             return True
 
     def remove_pod(self, sandbox_id: str) -> list[ContainerRecord]:
@@ -268,27 +277,33 @@ class NodeState:
             gone = [c for c in self._containers.values() if c.sandbox_id == sandbox_id]
             for c in gone:
                 del self._containers[c.id]
-            existed = self._pods.pop(sandbox_id, None) is not None
+                self._in_flight.pop(c.id, None)
+            self._pods.pop(sandbox_id, None)
             self._born.pop(sandbox_id, None)
-            if existed or gone:
-                self._bump()
+            self._bump(sandbox_id, *(c.id for c in gone))  # remembered even when unknown (see above)
             return gone
 
     def put_container(self, container: ContainerRecord) -> None:
+        """Add or replace a container; a PENDING one is this process's open CreateContainer."""
         with self._lock:
+            if container.state is ContainerState.PENDING:
+                self._in_flight.setdefault(container.id, time.monotonic())
             if self._containers.get(container.id) != container:
                 self._containers[container.id] = container
-                self._bump()
+                self._bump(container.id)
 
     def rename_container(
         self, old_id: str, new_id: str, state: ContainerState = ContainerState.CREATED
-    ) -> None:
-        """A pending container got its runtime id."""
+    ) -> bool:
+        """A pending container got its runtime id; False when the pending record is gone."""
         with self._lock:
+            self._in_flight.pop(old_id, None)
             c = self._containers.pop(old_id, None)
-            if c is not None:
-                self._containers[new_id] = replace(c, id=new_id, state=state)
-                self._bump()
+            if c is None:
+                return False
+            self._containers[new_id] = replace(c, id=new_id, state=state)
+            self._bump(old_id, new_id)
+            return True
 
     def update_container(self, container_id: str, **changes: object) -> ContainerRecord | None:
         with self._lock:
@@ -298,20 +313,64 @@ class NodeState:
             new = replace(c, **changes)  # type: ignore[arg-type]
             if new != c:
                 self._containers[container_id] = new
-                self._bump()
+                self._bump(container_id)
+            return new
+
+    def observe_container(
+        self, container_id: str, actual_cpuset: str | None, source: str, at: float
+    ) -> ContainerRecord | None:
+        """Record what a container really has (a reading, not an event: it touches no record)."""
+        with self._lock:
+            c = self._containers.get(container_id)
+            if c is None:
+                return None
+            new = replace(c, actual_cpuset=actual_cpuset, actual_source=source, actual_at=at)
+            self._containers[container_id] = new
+            if (c.actual_cpuset, c.actual_source) != (actual_cpuset, source):
+                self.generation += 1  # the same reading again changes no decision nor problem
             return new
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:
+        """Forget a container; even an unknown id is remembered as removed, so a listing taken
+        before the removal cannot bring it back."""
         with self._lock:
+            self._in_flight.pop(container_id, None)
             c = self._containers.pop(container_id, None)
-            if c is not None:
-                self._bump()
+            self._bump(container_id)
             return c
 
     def replace_all(self, pods: Iterable[PodRecord], containers: Iterable[ContainerRecord]) -> None:
-        """Recovery: the runtime's view replaces what we had."""
+        """Loading a checkpoint: these records replace what we had (nothing of them is in flight)."""
         with self._lock:
             self._pods = {p.sandbox_id: p for p in pods}
             self._born = {sid: self._born.get(sid, 0) for sid in self._pods}  # new ones: from before us
             self._containers = {c.id: c for c in containers}
+            self._in_flight.clear()
+            self._touched.clear()
             self._bump()
+
+    def merge_listing(self, listing: Listing, pending_grace: float = float("inf")) -> Merged:
+        """Reconcile, never replace: merge what the runtime listed into what we know (see
+        `cri_proxy.state.merge`). Events seen after the listing began win over it. A pending record
+        counts as an open call for `pending_grace` seconds at most: a call whose answer never came
+        back through a hook (its connection lost) must not keep its record for ever; if it does
+        answer later, the hook records the container anew."""
+        now = time.monotonic()
+        with self._lock:
+            known = Known(
+                pods=dict(self._pods),
+                containers=dict(self._containers),
+                touched=dict(self._touched),
+                in_flight=frozenset(k for k, began in self._in_flight.items() if now - began < pending_grace),
+            )
+            merged = merge(known, listing)
+            if merged.changed:
+                for sid in merged.pods.keys() - self._pods.keys():
+                    self._born[sid] = 0  # learnt from the runtime: from before any API event
+                self._pods = dict(merged.pods)
+                self._born = {sid: self._born.get(sid, 0) for sid in self._pods}
+                self._containers = dict(merged.containers)
+                self._in_flight = {k: t for k, t in self._in_flight.items() if k in self._containers}
+                self.generation += 1
+            self._end_listing(listing.started)
+            return merged

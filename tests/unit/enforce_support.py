@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
@@ -117,6 +118,7 @@ class Node:
         """Wait until the reconciler has nothing left to do."""
         ticket = self.proxy.reconciler.request()
         assert await self.proxy.reconciler.wait_for(ticket, 10)
+        await asyncio.wait_for(self.proxy.reconciler.checks_done(), 10)
 
     async def introspect(self, method: str) -> Any:
         reply = await self.admin.unary_unary(f"/cri_proxy.v1.Introspect/{method}", None, None)(b"")

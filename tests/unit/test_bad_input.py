@@ -14,6 +14,7 @@ import contextlib
 import json
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -263,13 +264,23 @@ class Fuzzer:
         self.outcomes[outcome] += 1
         return outcome
 
-    def check_consistent(self) -> None:
+    def check_consistent(self, within: float = 5.0) -> None:
+        """Every container's sandbox known, nothing pending, once the call's post or failed hook
+        ran (the relay runs them after the answer is on its way): waited for, with a deadline."""
         state = self.live.node.proxy.state
-        _, pods, containers = state.snapshot()
-        sandboxes = {p.sandbox_id for p in pods}
-        for c in containers:
-            assert c.sandbox_id in sandboxes, f"container {c.id} of unknown sandbox {c.sandbox_id}"
-            assert c.state is not ContainerState.PENDING and not c.id.startswith("pending/"), c
+        deadline = time.monotonic() + within
+        while True:
+            _, pods, containers = state.snapshot()
+            sandboxes = {p.sandbox_id for p in pods}
+            try:
+                for c in containers:
+                    assert c.sandbox_id in sandboxes, f"container {c.id} of unknown sandbox {c.sandbox_id}"
+                    assert c.state is not ContainerState.PENDING and not c.id.startswith("pending/"), c
+                return
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -435,6 +446,7 @@ def test_non_utf8_annotation_is_a_request_that_does_not_decode(tmp_path: Path) -
             )
             with pytest.raises(DecodeError):
                 pb.RunPodSandboxRequest.FromString(run_raw)
+            await n.settle()  # the start's cgroup check is done
             generation = n.proxy.state.generation
             direct = grpc.aio.insecure_channel(n.fake.opts.listen)
             for policy in FailPolicy:

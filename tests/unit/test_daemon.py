@@ -165,6 +165,7 @@ def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
         assert 'cri_proxy_hook_seconds_total{hook="pre",method="CreateContainer"}' in text
         assert "cri_proxy_pods_tracked 1.0" in text and "cri_proxy_containers_tracked 1.0" in text
         assert "cri_proxy_runtime_up 1.0" in text and "cri_proxy_reconcile_passes_total" in text
+        assert "cri_proxy_reconcile_repaired_total 0.0" in text
         assert _get(base + "/nothing")[0] == 404
         daemon.fake.terminate()  # the runtime goes away
         daemon.fake.wait(10)

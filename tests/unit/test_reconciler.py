@@ -13,9 +13,10 @@ import pytest
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, Topology
+from cri_proxy.enforce.actual import Reading
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
-from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
+from cri_proxy.state.model import ACTUAL_CGROUP, ContainerRecord, ContainerState, NodeState, PodRecord
 from tests.unit.relay_support import run
 
 TOPOLOGY = Topology.build({0: CPUSet.parse("0-7"), 1: CPUSet.parse("8-15")})
@@ -175,13 +176,16 @@ def test_drift_behind_the_proxys_back_is_repaired() -> None:
         state = node_with(2, lsr_cpus=None)
         actual = {"c0": "3", "c1": "0-15"}  # someone changed c0 at the runtime
 
-        async def read(c: ContainerRecord) -> str | None:
-            return actual[c.id]
+        async def read(c: ContainerRecord, status_too: bool) -> Reading | None:
+            return Reading(actual[c.id], ACTUAL_CGROUP)
 
         send = Recorder()
         r = reconciler(state, send, read_actual=read)
         assert (await r.pass_once()).updated == 0  # by our records all is well
         assert await r.refresh_applied() == 1
+        assert r.totals.repaired == 1
+        c0 = state.container("c0")
+        assert c0 is not None and (c0.actual_cpuset, c0.actual_source) == ("3", "cgroup")
         assert (await r.pass_once()).updated == 1
         assert send.calls[0][0] == "c0" and send.calls[0][1].cpuset_cpus == "0-15"
 
@@ -208,5 +212,90 @@ def test_containers_with_unknown_resources_are_not_sent_a_bare_cpuset() -> None:
         r = reconciler(state, send)
         await r.pass_once()
         assert [cid for cid, _ in send.calls] == ["c0"]
+
+    run(main())
+
+
+class Cgroups:
+    """Containers' cgroup cpusets; an update reaches them unless `dropping` (containerd 1.6's race)."""
+
+    def __init__(self, sets: dict[str, str]) -> None:
+        self.sets = sets
+        self.dropping = False
+        self.reads: list[str] = []
+
+    async def read(self, c: ContainerRecord, status_too: bool) -> Reading | None:
+        self.reads.append(c.id)
+        return Reading(self.sets[c.id], ACTUAL_CGROUP)
+
+    def sender(self, inner: Recorder) -> Any:
+        async def send(c: ContainerRecord, linux: bytes) -> None:
+            await inner(c, linux)
+            if not self.dropping:
+                self.sets[c.id] = v1.LinuxContainerResources.FromString(linux).cpuset_cpus
+
+        return send
+
+
+def test_an_update_the_cgroup_never_got_is_found_and_sent_again() -> None:
+    async def main() -> None:
+        state = node_with(1)
+        cgroups = Cgroups({"c0": "0-15"})
+        send = Recorder()
+        r = reconciler(state, cgroups.sender(send), read_actual=cgroups.read)
+        cgroups.dropping = True
+        assert (await r.pass_once()).updated == 1  # the runtime said OK
+        c0 = state.container("c0")
+        assert c0 is not None and (c0.applied, c0.actual_cpuset, c0.actual_source) == (
+            "0-15",
+            "0-15",
+            "cgroup",
+        )
+        assert r.totals.repaired == 1
+        cgroups.dropping = False
+        assert (await r.pass_once()).updated == 1
+        assert cgroups.sets["c0"] == "2-15" and len(send.calls) == 2
+        assert (await r.pass_once()).updated == 0
+
+    run(main())
+
+
+def test_after_a_start_the_cgroup_is_checked_once_no_update_is_in_flight() -> None:
+    async def main() -> None:
+        state = node_with(1)
+        cgroups = Cgroups({"c0": "0-15"})
+        send = Recorder(gated=True)
+        r = reconciler(state, cgroups.sender(send), read_actual=cgroups.read, period=0)
+        task = asyncio.ensure_future(r.run())
+        cgroups.dropping = True  # the update lands around the start: OK, but the cgroup keeps 0-15
+        first = r.request()
+        while not send.active:
+            await asyncio.sleep(0.001)
+        r.verify_started("c0")  # StartContainer answered while the update is in flight
+        await asyncio.sleep(0.01)
+        assert cgroups.reads == []  # the check waits for the update
+        send.gate.set()
+        assert await r.wait_for(first, 5)
+        await r.checks_done()
+        assert r.totals.repaired >= 1
+        cgroups.dropping = False
+        deadline = asyncio.get_running_loop().time() + 5
+        while cgroups.sets["c0"] != "2-15" and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        assert cgroups.sets["c0"] == "2-15"  # re-sent by the pass the check asked for
+        task.cancel()
+
+    run(main())
+
+
+def test_a_start_whose_cgroup_matches_asks_for_nothing() -> None:
+    async def main() -> None:
+        state = node_with(1, lsr_cpus=None)
+        cgroups = Cgroups({"c0": "0-15"})
+        r = reconciler(state, cgroups.sender(Recorder()), read_actual=cgroups.read)
+        before = r.request()
+        r.verify_started("c0")
+        await r.checks_done()
+        assert cgroups.reads == ["c0"] and r.totals.repaired == 0 and r.request() == before + 1
 
     run(main())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,10 +12,18 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+from google.protobuf.message import DecodeError
 
 from cri_api.v1 import api_pb2 as v1
 from cri_api.v1 import api_pb2_grpc as v1_grpc
-from cri_proxy.enforce.recovery import Recovered, canonical_cpuset, cgroup_parent_from_info, recover
+from cri_proxy.enforce import lenient
+from cri_proxy.enforce.recovery import (
+    Recovered,
+    canonical_cpuset,
+    cgroup_parent_from_info,
+    read_runtime,
+    recover,
+)
 from cri_proxy.fake_runtime.server import FakeOptions, FakeRuntime
 from cri_proxy.fake_runtime.service import RuntimeServicer
 from cri_proxy.state.model import ContainerRecord, ContainerState, PodRecord
@@ -282,7 +289,7 @@ def test_unreachable_runtime_raises() -> None:
     run(main())
 
 
-def test_500_containers_recover_fast_with_bounded_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_500_containers_recover_with_bounded_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
     in_flight = peak = 0
     original = RuntimeServicer.ContainerStatus
 
@@ -298,15 +305,12 @@ def test_500_containers_recover_fast_with_bounded_concurrency(monkeypatch: pytes
     monkeypatch.setattr(RuntimeServicer, "ContainerStatus", counted)
 
     async def main() -> None:
-        # 5 ms per call: 600 calls one by one would take 3 s.
+        # 5 ms per call, so that calls overlap; the time itself is bench/sync.py's business
         async with bed(seed_pods=100, seed_containers_per_pod=5, latency=0.005) as b:
-            began = time.monotonic()
             result = await recover(b.channel, None)
-            elapsed = time.monotonic() - began
             assert (len(result.pods), len(result.containers)) == (100, 500)
             assert all(c.applied == "0-1" and c.state is ContainerState.RUNNING for c in result.containers)
             assert 1 < peak <= 16
-            assert elapsed < 1.5, elapsed
 
     run(main())
 
@@ -354,5 +358,85 @@ def test_recovered_records_feed_the_node_state() -> None:
             state.replace_all(result.pods, result.containers)
             (info,) = state.pod_infos()
             assert (info.name, [c.name for c in info.containers]) == ("web", ["app"])
+
+    run(main())
+
+
+def test_labels_and_annotations_that_are_not_utf8_never_stop_a_listing() -> None:
+    """containerd 1.6 stores any bytes; strict protobuf parsing would refuse the whole reply."""
+    pod_type = lenient.message_class("PodSandbox")
+
+    def sandbox(sid: str, name: str, bad: bool) -> Any:
+        item = pod_type(id=sid.encode(), state=v1.SANDBOX_READY)
+        item.metadata.name, item.metadata.uid, item.metadata.namespace = (
+            name.encode(),
+            b"u-" + name.encode(),
+            b"team",
+        )
+        entry = item.annotations.add()
+        entry.key, entry.value = (b"note", b"caf\xe9 \xff") if bad else (b"note", b"ok")
+        return item
+
+    listing = lenient.message_class("ListPodSandboxResponse")(
+        items=[sandbox("s-bad", "bad", True), sandbox("s-good", "good", False)]
+    )
+    containers = lenient.message_class("ListContainersResponse")()
+    c = containers.containers.add(id=b"c1", pod_sandbox_id=b"s-bad", state=v1.CONTAINER_RUNNING)
+    c.metadata.name = b"app"
+    label = c.labels.add()
+    label.key, label.value = b"\xfe", b"x"
+    status = lenient.message_class("ContainerStatusResponse")()
+    status.status.id, status.status.state = b"c1", v1.CONTAINER_RUNNING
+    status.status.resources.linux.cpuset_cpus = b"1"
+    bad_label = status.status.labels.add()
+    bad_label.key, bad_label.value = b"\xfe", b"x"
+    info = json.dumps({"config": {"linux": {"cgroup_parent": "/kubepods/burstable/podu"}}}).encode()
+
+    def pod_status(request: bytes) -> bytes:
+        reply = lenient.message_class("PodSandboxStatusResponse")()
+        entry = reply.info.add()
+        entry.key, entry.value = b"info", info
+        return bytes(reply.SerializeToString())
+
+    answers: dict[str, Any] = {
+        "ListPodSandbox": lambda _: listing.SerializeToString(),
+        "ListContainers": lambda _: containers.SerializeToString(),
+        "PodSandboxStatus": pod_status,
+        "ContainerStatus": lambda _: status.SerializeToString(),
+    }
+
+    class Raw(grpc.GenericRpcHandler):
+        def service(self, details: Any) -> Any:
+            name = details.method.rsplit("/", 1)[-1]
+            answer = answers.get(name)
+            if answer is None:
+                return None
+
+            async def behaviour(request: bytes, context: Any) -> bytes:
+                return bytes(answer(request))
+
+            return grpc.unary_unary_rpc_method_handler(behaviour)
+
+    with pytest.raises(DecodeError):  # what a strict reader meets
+        v1.ListPodSandboxResponse.FromString(listing.SerializeToString())
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers((Raw(),))
+            server.add_insecure_port(f"unix://{tmp}/raw.sock")
+            await server.start()
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{tmp}/raw.sock") as channel:
+                    view = await read_runtime(channel, {}, {}, full=True, timeout=5)
+            finally:
+                await server.stop(0)
+        assert set(view.pods) == {"s-bad", "s-good"}
+        bad, good = view.pods["s-bad"], view.pods["s-good"]
+        assert bad.annotations == {"note": "caf\ufffd \ufffd"} and good.annotations == {"note": "ok"}
+        assert len(bad.problems) == 1 and "note" in bad.problems[0] and good.problems == ()
+        assert bad.cgroup_parent == "/kubepods/burstable/podu"
+        assert any("team/bad" in p for p in view.problems)
+        assert view.containers["c1"].applied == "1" and view.containers["c1"].state is ContainerState.RUNNING
 
     run(main())
