@@ -31,6 +31,7 @@ from cri_proxy.daemon.notify import notify, watchdog_interval
 from cri_proxy.endpoints import prepare_listen_socket, socket_path
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
+from cri_proxy.enforce.observe import runtime_observer, status_reader
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler, channel_reader, channel_sender
 from cri_proxy.enforce.recovery import recover
@@ -103,6 +104,12 @@ class Proxy:
             exclusive_wait=config.exclusive_wait_seconds,
         )
         self.hooks.register(self.table)
+        self.introspection.observe = runtime_observer(self.relay.channel, status_reader(self.relay.channel))
+        self.introspection.dry_run = lambda: self.config.dry_run
+        self.introspection.extra = lambda: {
+            "runtime_up": self.runtime_up,
+            "cpuset_updates_replaced": self.hooks.replaced,
+        }
         self.checkpoint_path = Path(config.state_dir) / CHECKPOINT_NAME
         self.lock = StateDirLock(config.state_dir)
         self.recovered = asyncio.Event()
@@ -223,7 +230,7 @@ class Proxy:
     async def _healthz(self) -> tuple[bool, str]:
         if not self.runtime_up:
             return False, f"runtime {self.config.runtime_endpoint} not answering"
-        return True, "ok"
+        return True, "ok (dry-run: decides and reports, changes nothing)" if self.config.dry_run else "ok"
 
     async def _readyz(self) -> tuple[bool, str]:
         if not self.recovered.is_set():
@@ -238,6 +245,8 @@ class Proxy:
             "injections": dict(self.hooks.injected),
             "problem_kinds": [str(p.kind) for p in self.policy.plan().problems],
             "reconcile": vars(self.reconciler.totals),
+            "dry_run": self.config.dry_run,
+            "replaced": self.hooks.replaced,
         }
 
     async def _watchdog(self, interval: float) -> None:

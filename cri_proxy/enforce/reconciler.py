@@ -18,6 +18,7 @@ from loguru import logger
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from cri_api.v1 import api_pb2 as v1
+from cri_proxy.enforce.naming import about
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.state.model import UPDATABLE_STATES, ContainerRecord, NodeState
@@ -145,13 +146,8 @@ class Reconciler:
                     return
             if actual is not None and actual != c.applied:
                 drifted += 1
-                logger.warning(
-                    "container {} ({}) has cpuset {!r}, not {!r}: drift, repairing",
-                    c.name,
-                    c.id[:13],
-                    actual,
-                    c.applied,
-                )
+                log, who = about(self.state, c)
+                log.warning("{}: has cpuset {!r}, not {!r}: drift, repairing", who, actual, c.applied)
                 self.state.update_container(c.id, applied=actual)
 
         await asyncio.gather(*(one(c) for c in self.state.containers() if c.state in UPDATABLE_STATES))
@@ -182,9 +178,8 @@ class Reconciler:
             return result
         if self.dry_run:
             for c, want in todo:
-                logger.info(
-                    "dry-run: would update {} ({}) cpuset {!r} -> {!r}", c.name, c.id[:13], c.applied, want
-                )
+                log, who = about(self.state, c)
+                log.info("dry-run: would update {} cpuset {!r} -> {!r}", who, c.applied, want)
             result.would_update = len(todo)
             return result
         gate = asyncio.Semaphore(self.concurrency)
@@ -203,6 +198,7 @@ class Reconciler:
         return result
 
     async def _update(self, c: ContainerRecord, want: str, result: PassResult) -> None:
+        log, who = about(self.state, c)
         resources = c.linux_resources()
         resources.cpuset_cpus = want
         body = resources.SerializeToString()
@@ -219,21 +215,14 @@ class Reconciler:
             if exc.code() is grpc.StatusCode.NOT_FOUND:
                 self.state.remove_container(c.id)
                 result.dropped += 1
-                logger.info("container {} ({}) is gone from the runtime; forgotten", c.name, c.id[:13])
+                log.info("{}: gone from the runtime; forgotten", who)
                 return
             result.failed += 1
-            logger.warning(
-                "update of {} ({}) to cpuset {} failed: {} {}",
-                c.name,
-                c.id[:13],
-                want,
-                exc.code().name,
-                exc.details(),
-            )
+            log.warning("{}: update to cpuset {} failed: {} {}", who, want, exc.code().name, exc.details())
             return
         self.state.update_container(c.id, applied=want, resources=body)
         result.updated += 1
-        logger.info("container {} ({}) cpuset {!r} -> {!r}", c.name, c.id[:13], c.applied, want)
+        log.info("{}: cpuset {!r} -> {!r}", who, c.applied, want)
 
 
 def channel_reader(channel: grpc.aio.Channel, timeout: float = 10.0) -> ReadCpuset:
