@@ -41,6 +41,7 @@ from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
 from cri_proxy.sources.kube_api import KubeApiWatcher
+from cri_proxy.sources.kube_events import Correlator, EventPoster, client_sender
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state import checkpoint
 from cri_proxy.state.checkpoint import Records
@@ -106,6 +107,15 @@ class Proxy:
         self.hooks.register(self.table)
         self.introspection.observe = runtime_observer(self.relay.channel, status_reader(self.relay.channel))
         self.introspection.dry_run = lambda: self.config.dry_run
+        self.events: EventPoster | None = None
+        if self.kube_api is not None:
+            watcher = self.kube_api
+            self.events = EventPoster(
+                Correlator(host=watcher.node_name),
+                self.introspection.live_problems,
+                lambda: {p.key: p.uid for p in self.state.pods()},
+                client_sender(lambda: watcher.api_client),
+            )
         self.introspection.extra = lambda: {
             "runtime_up": self.runtime_up,
             "cpuset_updates_replaced": self.hooks.replaced,
@@ -181,6 +191,8 @@ class Proxy:
         self._spawn(self._watch_kubelet)
         if self.kube_api is not None:
             self._spawn(self.kube_api.run)
+        if self.events is not None:
+            self._spawn(self.events.run)
         self._spawn(self._keep_checkpoint)
         self._spawn(self._probe_runtime)
         if not done:

@@ -103,6 +103,11 @@ class Introspection(GenericHandler):
         rows = views.container_rows(i)
         return {"dry_run": i.dry_run, "runtime": trouble, "problems": views.problem_rows(i, rows)}
 
+    async def live_problems(self) -> list[dict[str, Any]]:
+        """The problems view's rows (for Kubernetes Events)."""
+        i, _ = await self.inputs()
+        return views.problem_rows(i, views.container_rows(i))
+
     async def _status(self, body: bytes) -> Any:
         i, trouble = await self.inputs()
         rows = views.container_rows(i)
