@@ -260,7 +260,10 @@ def _proxy(cmds: Any) -> None:
     add_output(p, "table", ("table", "json", "yaml"))
     command(cmds, "snapshot", "proxy:snapshot", "the live node snapshot, in `cri-proxy plan` input format")
     command(cmds, "plan", "proxy:plan", "the live decisions, in `cri-proxy plan` output format")
-    command(cmds, "status", "proxy:status", "pods and containers tracked, reconcile counters")
+    p = command(
+        cmds, "status", "proxy:status", "pods and containers tracked, marks, dry-run, reconcile counters"
+    )
+    add_output(p, "json", ("json", "yaml"))
     p = command(cmds, "pools", "proxy:pools", "the shared CPU pools of the live plan (LS and BE)")
     add_output(p, "table", ("table", "json", "yaml"))
     p = command(cmds, "problems", "proxy:problems", "what the live plan could not honour, pod by pod")

@@ -126,7 +126,7 @@ def plan(args: argparse.Namespace, conn: Conn) -> int:
 
 
 def status(args: argparse.Namespace, conn: Conn) -> int:
-    _dump(ask(conn, "Status", "status"))
+    _dump(ask(conn, "Status", "status"), args.output)
     return 0
 
 
