@@ -133,3 +133,47 @@ def test_updates_are_honest(tmp_path: Path) -> None:
             logger.remove(sink)
 
     run(main())
+
+
+def test_rows_mark_gone_and_untracked_and_a_runtime_that_cannot_be_listed() -> None:
+    from cri_proxy.cpu import CPUSet, NodeInputs, Topology, decide
+    from cri_proxy.enforce import views
+    from cri_proxy.enforce.observe import Seen
+    from cri_proxy.state.model import ContainerRecord, PodRecord
+
+    pod = PodRecord("s1", "u1", "p", "ns", "/kubepods/burstable/podu1")
+    tracked = ContainerRecord("c1", "s1", "main", applied="0-3")
+    online = CPUSet.parse("0-3")
+    plan = decide(
+        NodeInputs(topology=Topology.single_node(online), pods=(), reserved=CPUSet(), system=CPUSet())
+    )
+    seen = {"c2": Seen("c2", "s9", "side", "other/q", "running", "1", "status")}
+    i = views.Inputs([pod], [tracked], plan, seen, False, online, CPUSet())
+    rows = {r["id"]: r for r in views.container_rows(i)}
+    assert rows["c1"]["mark"] == "GONE" and rows["c2"]["mark"] == "UNTRACKED"
+    assert rows["c2"]["pod"] == "other/q" and rows["c2"]["actual"] == "1"
+    unlisted = views.Inputs([pod], [tracked], plan, None, True, online, CPUSet())
+    (row,) = views.container_rows(unlisted)
+    assert row["mark"] == "" and row["actual"] is None and row["dry_run"] is True
+
+
+def test_the_cpus_table_is_coloured_only_on_a_terminal() -> None:
+    from cri_proxy.ctl.cpus import RED, table
+
+    rows = [
+        {
+            "cpu": 0,
+            "pools": ["LSE"],
+            "holders": ["LSE a/x"],
+            "containers": ["a/x m", "b/y n"],
+            "conflicts": ["b/y n is on LSE a/x's CPU"],
+        },
+        {"cpu": 1, "pools": ["LS", "BE"], "holders": [], "containers": [], "conflicts": []},
+    ]
+    plain = table(rows, tty=False).splitlines()
+    assert plain[0].split() == ["CPU", "POOL", "HOLDER", "CONTAINERS", "CONFLICTS"] and "\x1b" not in "".join(
+        plain
+    )
+    assert plain[2].split() == ["1", "LS,BE", "-", "-", "-"]
+    coloured = table(rows, tty=True).splitlines()
+    assert coloured[1].startswith(RED) and "\x1b" not in coloured[2]
