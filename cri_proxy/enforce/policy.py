@@ -31,7 +31,7 @@ class Policy:
         self.api = api
         self._facts_version = 0
         self._cached: tuple[tuple[int, int], Plan] | None = None
-        self._rules: Plan = decide(self.inputs())
+        self._rules: Plan | None = None  # the rules' plan before pins and explanations
         self.pins: dict[str, CPUSet] = {}  # container id -> cpuset an operator forced (`ctl update --force`)
 
     def pin(self, container_id: str, cpus: CPUSet) -> None:
@@ -75,7 +75,7 @@ class Policy:
     def rules_cpuset(self, container_id: str) -> CPUSet | None:
         """The cpuset the rules alone give a container (an operator's pin aside)."""
         self.plan()
-        d = self._rules.containers.get(container_id)
+        d = self._rules.containers.get(container_id) if self._rules is not None else None
         return d.cpuset if d is not None else None
 
     def _explain(self, plan: Plan) -> Plan:
