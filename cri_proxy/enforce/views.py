@@ -233,7 +233,8 @@ def problem_rows(i: Inputs, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 item["overlapping"] = overlapping
                 item["message"] += "; left on exclusive CPUs: " + ", ".join(overlapping)
         out.append(item)
-    out.extend(exclusivity_problems(i, rows))
+    overlapped = {p.pod for p in i.plan.problems if str(p.kind) == "exclusive-overlap"}  # the state's own
+    out.extend(p for p in exclusivity_problems(i, rows) if p["pod"] not in overlapped)
     for r in rows:
         if r["mark"] in (DRIFT, DRY_RUN):
             out.append(

@@ -28,7 +28,7 @@ SKIPPED_KINDS = frozenset({"api-unreachable", "cpuset-drift", "dry-run"})
 
 def reason(kind: str) -> str:
     """`pool-exhausted` -> `PoolExhausted` (kubelet's reasons are CamelCase)."""
-    special = {"bad-kubelet-state": "KubeletStateUnreadable"}
+    special = {"bad-kubelet-state": "KubeletStateUnreadable", "exclusive-overlap": "ExclusivityBroken"}
     return special.get(kind) or "".join(part.capitalize() for part in kind.split("-"))
 
 
