@@ -13,6 +13,7 @@ through the Kubernetes API watcher's client (create, patch; a patch of an expire
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -238,6 +239,11 @@ class EventPoster:
         self.posted = 0
         self.failed = 0
         self._last_error = ""
+        self._kick = asyncio.Event()
+
+    def kick(self) -> None:
+        """Look at the problems now rather than at the end of the period."""
+        self._kick.set()
 
     async def once(self, now: float) -> None:
         found = occurrences(await self.problems(), self.uids(), self.correlator.host)
@@ -261,4 +267,6 @@ class EventPoster:
                 await self.once(time.time())
             except Exception as exc:  # the views failed: try again next period
                 logger.opt(exception=exc).warning("problems not turned into Events: {}", exc)
-            await asyncio.sleep(self.period)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.period)
+            self._kick.clear()

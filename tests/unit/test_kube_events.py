@@ -66,6 +66,7 @@ def test_the_proxy_posts_pool_exhausted_and_exclusivity_broken_on_the_pods(tmp_p
                 poster = n.proxy.events
                 assert poster is not None
                 poster.period = 0.05
+                poster.kick()
                 await n.run_pod("ls", "burstable")
                 await n.run_pod("x", "guaranteed", {QOS_LABEL: "LSE"}, alloc("0-3"))
 
