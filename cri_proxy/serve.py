@@ -34,6 +34,7 @@ from cri_proxy.endpoints import prepare_listen_socket, socket_path
 from cri_proxy.enforce.actual import actual_reader
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
+from cri_proxy.enforce.observe import cgroup_first, runtime_observer, status_reader
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler, channel_sender
 from cri_proxy.enforce.sync import Syncer
@@ -43,6 +44,7 @@ from cri_proxy.relay.server import Relay, run_until_signalled
 from cri_proxy.settings import Settings
 from cri_proxy.sources.cgroupfs import CgroupReader
 from cri_proxy.sources.kube_api import KubeApiWatcher
+from cri_proxy.sources.kube_events import Correlator, EventPoster, client_sender
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.lock import StateDirLock
 from cri_proxy.state.model import NodeState
@@ -77,18 +79,36 @@ class Proxy:
         self.admin = AdminServer(config, (self.introspection, self.health))
         self.probe = RuntimeProbe(self.relay.channel, config.runtime_endpoint, on_back=self._runtime_back)
         self.syncer = Syncer(self.state, self.relay.channel)
+        cgroups = CgroupReader(config.cgroup_root)  # what a container really has
         self.reconciler = Reconciler(
             self.state,
             self.policy,
             channel_sender(self.relay.channel),
             self.settings.get,
-            read_actual=actual_reader(self.state, CgroupReader(config.cgroup_root), self.relay.channel),
+            read_actual=actual_reader(self.state, cgroups, self.relay.channel),
             sync=self.syncer.periodic,
         )
         self.introspection.reconciler = self.reconciler
         self.hooks = EnforceHooks(self.state, self.policy, self.reconciler, self.settings.get)
         self.hooks.register(self.table)
         self.checkpoints = CheckpointKeeper(config.state_dir, self.state)
+        self.introspection.observe = runtime_observer(
+            self.relay.channel, cgroup_first(self.state, cgroups, status_reader(self.relay.channel))
+        )
+        self.introspection.dry_run = lambda: self.config.dry_run
+        self.events: EventPoster | None = None
+        if self.kube_api is not None:
+            watcher = self.kube_api
+            self.events = EventPoster(
+                Correlator(host=watcher.node_name),
+                self.introspection.live_problems,
+                lambda: {p.key: p.uid for p in self.state.pods()},
+                client_sender(lambda: watcher.api_client),
+            )
+        self.introspection.extra = lambda: {
+            "runtime_up": self.probe.up,
+            "cpuset_updates_replaced": self.hooks.replaced,
+        }
         self.lock = StateDirLock(config.state_dir)
         self.recovery = RecoveryRuns(self._recover_once, config.runtime_endpoint)
         self.recovered = self.recovery.done
@@ -134,6 +154,8 @@ class Proxy:
         run("kubelet-state-file", self.kubelet_watch.run)
         if self.kube_api is not None:
             run("kubernetes-api", self.kube_api.run)
+        if self.events is not None:
+            run("kubernetes-events", self.events.run)
         run("checkpoint", self.checkpoints.run)
         run("runtime-probe", self.probe.run)
         if not done:
@@ -209,7 +231,10 @@ class Proxy:
     async def _healthz(self) -> tuple[bool, str]:
         if not self.probe.up:
             return False, f"runtime {self.config.runtime_endpoint} not answering"
-        return self.supervisor.health()
+        healthy, why = self.supervisor.health()
+        if healthy and self.config.dry_run:
+            return True, f"{why} (dry-run: decides and reports, changes nothing)"
+        return healthy, why
 
     async def _readyz(self) -> tuple[bool, str]:
         if not self.recovered.is_set():
@@ -231,6 +256,8 @@ class Proxy:
                 for o in self.policy.overlaps()
                 for pod, name, cpus in o.others
             ],
+            "dry_run": self.config.dry_run,
+            "replaced": self.hooks.replaced,
         }
 
     async def _watchdog(self, interval: float) -> None:

@@ -11,7 +11,7 @@
 #   /usr/local/bin/cri-proxy                  symlink to /opt/cri-proxy/bin/cri-proxy
 #   /etc/systemd/system/cri-proxy.service     the unit (customise with `systemctl edit cri-proxy`)
 #   /etc/cri-proxy/config.toml                default config, every key commented; never overwritten
-#   /usr/share/doc/cri-proxy/                 kubelet drop-in example, config reference, config example
+#   /usr/share/doc/cri-proxy/                 kubelet drop-in example, config reference, config example, RBAC example
 # It never touches the kubelet's configuration: pointing the kubelet at the proxy is the operator's
 # step (README, "Install on a node"). Running it again is safe: it brings everything up to date.
 set -euo pipefail
@@ -342,6 +342,7 @@ do_install() {
   [ "$RUNTIME_UNIT" = containerd.service ] || say "runtime     the unit requires $RUNTIME_UNIT"
   install_file "$SRC/systemd/kubelet.service.d/10-cri-proxy.conf" "$DOC/10-cri-proxy.conf" 0644
   install_file "$SRC/docs/configuration.md" "$DOC/configuration.md" 0644
+  install_file "$SRC/systemd/rbac.yaml" "$DOC/rbac.yaml" 0644
   write_default_config "$tmp/config.toml"
   install_file "$tmp/config.toml" "$DOC/config.toml.example" 0644
   if [ -e "$CONF" ]; then

@@ -58,7 +58,7 @@ class _PodView:
     exclusive_cpus: CPUSet | None  # allocation cpuset ∩ online, for an LSE/LSR pod that has one
 
 
-_Notes = tuple[tuple[ProblemKind, str], ...]
+_Notes = tuple[tuple[ProblemKind, str, tuple[str, ...]], ...]  # kind, message, holders
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,22 +92,37 @@ def _cpus_text(nodes: frozenset[int], sockets: frozenset[int]) -> str:
 class _Decider:
     """The state of one `decide` call: the pools and a cache of NUMA-narrowed LS pools."""
 
-    def __init__(self, topology: Topology, pools: Pools, system: CPUSet) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        pools: Pools,
+        system: CPUSet,
+        holders: Mapping[QoS, tuple[str, ...]] | None = None,
+    ) -> None:
         self.topology = topology
         self.pools = pools
         self.system = system & topology.online
+        self.holders = holders or {}
         self._numa: dict[tuple[frozenset[int], frozenset[int]], tuple[CPUSet, str, _Notes]] = {}
+
+    def exhausted(self, qos: QoS, pool: str, prefix: str = "") -> _Rule:
+        """The pool is empty: leave the container, and say who holds the CPUs the pool lost."""
+        held = self.holders.get(QoS.LS if pool == "LS" else QoS.BE, ())
+        text = f"the {pool} share pool is empty"
+        if held:
+            text += ": its CPUs are held by " + "; ".join(held)
+        return _Rule(
+            qos,
+            None,
+            prefix + f"{pool} share pool is empty: left unchanged",
+            ((ProblemKind.POOL_EXHAUSTED, text, held),),
+        )
 
     def ls_rule(self, qos: QoS, allocation: Allocation | None, prefix: str = "") -> _Rule:
         """LS pool, narrowed to the allocation's NUMA nodes/sockets when it names any."""
         pool = self.pools.ls
         if not pool:
-            return _Rule(
-                qos,
-                None,
-                prefix + "LS share pool is empty: left unchanged",
-                ((ProblemKind.POOL_EXHAUSTED, "the LS share pool is empty"),),
-            )
+            return self.exhausted(qos, "LS", prefix)
         if allocation is None or not allocation.numa_bound:
             return _Rule(qos, pool, prefix + "LS share pool")
         key = (allocation.numa_nodes, allocation.sockets)
@@ -121,7 +136,7 @@ class _Decider:
                 found = (
                     pool,
                     f"whole LS share pool: none of it on {where}",
-                    ((ProblemKind.NUMA_EMPTY, f"no LS pool CPU on {where}: whole LS pool used"),),
+                    ((ProblemKind.NUMA_EMPTY, f"no LS pool CPU on {where}: whole LS pool used", ()),),
                 )
             self._numa[key] = found
         cpuset, why, notes = found
@@ -142,7 +157,7 @@ class _Decider:
             alloc = view.allocation
             if alloc is None or not alloc.cpuset:
                 rule = self.ls_rule(qos, alloc, "no allocation cpuset: ")
-                note = (ProblemKind.MISSING_CPUSET, f"{qos} pod has no allocation cpuset: LS rule used")
+                note = (ProblemKind.MISSING_CPUSET, f"{qos} pod has no allocation cpuset: LS rule used", ())
                 return _Rule(qos, rule.cpuset, rule.why, (note, *rule.notes))
             return self.ls_rule(qos, alloc, "allocation cpuset not online: ")
         if qos is QoS.LS:
@@ -150,12 +165,7 @@ class _Decider:
         if qos is QoS.BE:
             if self.pools.be:
                 return _Rule(qos, self.pools.be, "BE share pool")
-            return _Rule(
-                qos,
-                None,
-                "BE share pool is empty: left unchanged",
-                ((ProblemKind.POOL_EXHAUSTED, "the BE share pool is empty"),),
-            )
+            return self.exhausted(qos, "BE")
         # SYSTEM
         if self.system:
             return _Rule(qos, self.system, "system_cpus")
@@ -221,6 +231,7 @@ class _Survey:
     claimed: int = 0
     shared: int = 0  # CPUs claimed by more than one exclusive pod
     claims: list[tuple[str, CPUSet]] = field(default_factory=list)
+    classes: dict[str, QoS] = field(default_factory=dict)  # exclusive pod key -> LSE or LSR
     skip_uids: set[str] = field(default_factory=set)  # kubelet entries the scheduler/label overrides
     skip_cids: set[str] = field(default_factory=set)
 
@@ -252,11 +263,33 @@ class _Survey:
             self.shared |= cpus.mask & self.claimed
             self.claimed |= cpus.mask
             self.claims.append((key, cpus))
+            self.classes[key] = pod_class
             if pod_class is QoS.LSE:
                 self.lse |= exclusive.mask
             else:
                 self.lsr |= exclusive.mask
         self.views.append(_PodView(pod, label, alloc, parse_cgroup_parent(pod.cgroup_parent), exclusive))
+
+
+_MAX_HOLDERS = 6  # holders named in one pool-exhausted message
+
+
+def _holders(survey: _Survey, pools: Pools, reserved: CPUSet) -> dict[QoS, tuple[str, ...]]:
+    """Who took the share pools' CPUs, per pool (LS: reserved, LSE, LSR, kubelet; BE: no LSR)."""
+    exclusive = [
+        (f"{survey.classes[key]} {key} ({cpus})", survey.classes[key])
+        for key, cpus in sorted(survey.claims, key=lambda kc: kc[1].mask)
+    ]
+    common = [f"reserved ({reserved})"] if reserved else []
+    kubelet = [f"kubelet static CPU manager ({pools.kubelet})"] if pools.kubelet else []
+
+    def bounded(items: list[str]) -> tuple[str, ...]:
+        more = len(items) - _MAX_HOLDERS
+        return tuple(items[:_MAX_HOLDERS] + ([f"and {more} more"] if more > 0 else []))
+
+    ls = [text for text, _ in exclusive]
+    be = [text for text, qos in exclusive if qos is QoS.LSE]
+    return {QoS.LS: bounded(common + ls + kubelet), QoS.BE: bounded(common + be + kubelet)}
 
 
 def decide(inputs: NodeInputs) -> Plan:
@@ -276,7 +309,8 @@ def decide(inputs: NodeInputs) -> Plan:
         CPUSet(survey.lsr),
         kubelet_exclusive(kube, survey.skip_uids, survey.skip_cids),
     )
-    decider = _Decider(inputs.topology, pools, inputs.system)
+    holders = _holders(survey, pools, inputs.reserved & online)
+    decider = _Decider(inputs.topology, pools, inputs.system, holders)
     decisions: dict[str, ContainerDecision] = {}
 
     for view in survey.views:
@@ -293,8 +327,8 @@ def decide(inputs: NodeInputs) -> Plan:
             if shared is None:
                 shared = decider.pod_rule(view, qos)
             decisions[c.id] = ContainerDecision(key, shared.qos, shared.cpuset, shared.why)
-            for kind, text in shared.notes:
-                problems.append(Problem(key, kind, f"container {c.name}: {text}"))
+            for kind, text, held in shared.notes:
+                problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
 
     problems.sort(key=lambda p: (p.pod or "", p.kind, p.message))
     return Plan(pools, MappingProxyType(decisions), (*inputs.input_problems, *problems))

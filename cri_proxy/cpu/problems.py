@@ -29,8 +29,13 @@ class ProblemKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One bad input or conflict; `pod` is `namespace/name`, or None for node-wide problems."""
+    """One bad input or conflict; `pod` is `namespace/name`, or None for node-wide problems.
+
+    `holders`: for `pool-exhausted`, who holds the CPUs the pool lost (`LSE default/x 0-3`,
+    `reserved 0`), so the message never leaves the operator guessing.
+    """
 
     pod: str | None
     kind: ProblemKind
     message: str
+    holders: tuple[str, ...] = ()

@@ -155,6 +155,13 @@ def _opt(cpus: CPUSet | None) -> str | None:
     return None if cpus is None else str(cpus)
 
 
+def _problem_json(p: Problem) -> dict[str, Any]:
+    out: dict[str, Any] = {"pod": p.pod, "kind": str(p.kind), "message": p.message}
+    if p.holders:  # an addition to the documented keys, only where there is something to say
+        out["holders"] = list(p.holders)
+    return out
+
+
 def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The documented output: pools, containers by id, problems (key names are an interface)."""
     return {
@@ -168,7 +175,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             }
             for cid, d in plan.containers.items()
         },
-        "problems": [{"pod": p.pod, "kind": str(p.kind), "message": p.message} for p in plan.problems],
+        "problems": [_problem_json(p) for p in plan.problems],
     }
 
 

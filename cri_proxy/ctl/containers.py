@@ -276,6 +276,9 @@ def update(args: argparse.Namespace, conn: Conn) -> int:
     )
 
     def act(text: str, c: Any) -> None:
+        from cri_proxy.ctl.proxy import check_update
+
+        check_update(conn, c.id, args.cpuset_cpus, args.force)  # the proxy's word first, unless --bypass
         conn.runtime(
             "UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=c.id, linux=linux)
         )

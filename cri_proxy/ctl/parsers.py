@@ -153,6 +153,11 @@ def _containers(cmds: Any) -> None:
     p.add_argument("--cpuset-mems", default="", help="memory node(s) to use")
     p.add_argument("--memory", type=int, default=0, help="memory limit (in bytes)")
     p.add_argument("--oom-score-adj", type=int, default=0, help="OOM killer score adjustment")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="cri-proxy: pin --cpuset-cpus on a container whose cpuset the proxy manages (kept)",
+    )
 
     p = command(
         cmds,
@@ -255,8 +260,13 @@ def _proxy(cmds: Any) -> None:
     add_output(p, "table", ("table", "json", "yaml"))
     command(cmds, "snapshot", "proxy:snapshot", "the live node snapshot, in `cri-proxy plan` input format")
     command(cmds, "plan", "proxy:plan", "the live decisions, in `cri-proxy plan` output format")
-    command(cmds, "status", "proxy:status", "pods and containers tracked, reconcile counters")
+    p = command(
+        cmds, "status", "proxy:status", "pods and containers tracked, marks, dry-run, reconcile counters"
+    )
+    add_output(p, "json", ("json", "yaml"))
     p = command(cmds, "pools", "proxy:pools", "the shared CPU pools of the live plan (LS and BE)")
     add_output(p, "table", ("table", "json", "yaml"))
     p = command(cmds, "problems", "proxy:problems", "what the live plan could not honour, pod by pod")
+    add_output(p, "table", ("table", "json", "yaml"))
+    p = command(cmds, "cpus", "cpus:cpus", "one row per CPU: pools, holder, containers on it, conflicts")
     add_output(p, "table", ("table", "json", "yaml"))

@@ -1,5 +1,6 @@
 """What only the proxy knows, from its introspection service (`/cri_proxy.v1.Introspect/<Method>`,
-JSON answers) on its admin socket: `cpusets`, `snapshot`, `plan`, `status`, `pools`, `problems`."""
+JSON answers) on its admin socket: `cpusets`, `snapshot`, `plan`, `status`, `pools`, `problems`
+(`cpus` is in `cri_proxy.ctl.cpus`), and the check `ctl update --cpuset-cpus` makes first."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def admin_trouble(endpoint: str) -> str | None:
     return None
 
 
-def ask(conn: Conn, method: str, command_name: str) -> Any:
+def ask(conn: Conn, method: str, command_name: str, body: Any = None) -> Any:
     """The JSON the proxy's introspection `method` answers, asked on its admin socket."""
     s = conn.settings
     if s.bypass:
@@ -53,7 +54,8 @@ def ask(conn: Conn, method: str, command_name: str) -> Any:
     conn.debug(f"{INTROSPECT}{method} on {endpoint}")
     try:
         client = conn.client(endpoint)
-        reply: bytes = client.raw(INTROSPECT + method, b"", timeout=s.timeout)
+        request = b"" if body is None else json.dumps(body).encode()
+        reply: bytes = client.raw(INTROSPECT + method, request, timeout=s.timeout)
     except grpc.RpcError as exc:
         if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
             raise CtlError(f"{endpoint} is not a cri-proxy admin socket (no introspection service)") from None
@@ -72,15 +74,45 @@ def _dump(data: Any, fmt: str = "json") -> None:
     print(to_yaml(data).rstrip("\n") if fmt == "yaml" else json.dumps(data, indent=2))
 
 
+def dry_run_note(found: Any) -> str:
+    """The line under a table that says the proxy changes nothing, or the runtime was not listed."""
+    notes = []
+    if isinstance(found, dict) and found.get("runtime"):
+        notes.append(str(found["runtime"]))
+    dry = found.get("dry_run") if isinstance(found, dict) else any(r.get("dry_run") for r in found)
+    if dry:
+        notes.append("dry-run: the proxy decides and reports, changes nothing (DECIDED is not applied)")
+    return "\n".join(notes)
+
+
+CPUSET_KEYS = ("pod", "container", "id", "state", "qos", "decided", "actual", "mark", "why")
+
+
 def cpusets(args: argparse.Namespace, conn: Conn) -> int:
+    """Every container the runtime has: decided vs the set it really has, marked where they differ."""
     rows = ask(conn, "Cpusets", "cpusets")
     if args.output != "table":
         _dump(rows, args.output)
         return 0
-    keys = ("pod", "container", "id", "state", "qos", "decided", "applied", "why")
-    body = [["-" if r[k] is None else str(r[k])[:13] if k == "id" else str(r[k]) for k in keys] for r in rows]
-    print(plain_table([k.upper() for k in keys], body))
+    body = [
+        ["-" if r.get(k) in (None, "") else str(r[k])[:13] if k == "id" else str(r[k]) for k in CPUSET_KEYS]
+        for r in rows
+    ]
+    print(plain_table([k.upper() for k in CPUSET_KEYS], body))
+    note = dry_run_note(rows)
+    if note:
+        print(note)
     return 0
+
+
+def check_update(conn: Conn, container_id: str, cpuset: str, force: bool) -> None:
+    """`ctl update --cpuset-cpus` asks the proxy first: a container whose cpuset it manages is
+    refused with the reason, unless `--force` (the proxy then pins the set and keeps it)."""
+    if conn.settings.bypass or not cpuset:
+        return
+    found = ask(conn, "Pin", "update", {"id": container_id, "cpuset": cpuset, "force": force})
+    if found.get("refused"):
+        raise CtlError(str(found["refused"]))
 
 
 def snapshot(args: argparse.Namespace, conn: Conn) -> int:
@@ -94,25 +126,48 @@ def plan(args: argparse.Namespace, conn: Conn) -> int:
 
 
 def status(args: argparse.Namespace, conn: Conn) -> int:
-    _dump(ask(conn, "Status", "status"))
+    _dump(ask(conn, "Status", "status"), args.output)
     return 0
 
 
+def _member(c: dict[str, Any]) -> str:
+    mark = f" [{c['mark']}]" if c.get("mark") else ""
+    return f"{c['pod'] or '?'} {c['container']}{mark}"
+
+
 def pools(args: argparse.Namespace, conn: Conn) -> int:
-    found = ask(conn, "Plan", "pools").get("pools", {})
+    """Each pool's CPUs and every container decided onto it (DRIFT etc. marked)."""
+    found = ask(conn, "Pools", "pools")
     if args.output != "table":
         _dump(found, args.output)
         return 0
-    body = [[pool.upper(), cpus or "-"] for pool, cpus in found.items()]
-    print(plain_table(("POOL", "CPUS"), body))
+    body = [
+        [
+            p["pool"],
+            "-" if p["cpus"] is None else p["cpus"] or "(empty)",
+            ", ".join(_member(c) for c in p["containers"]) or "-",
+        ]
+        for p in found["pools"]
+    ]
+    print(plain_table(("POOL", "CPUS", "CONTAINERS"), body))
+    note = dry_run_note(found)
+    if note:
+        print(note)
     return 0
 
 
 def problems(args: argparse.Namespace, conn: Conn) -> int:
-    found = ask(conn, "Plan", "problems").get("problems", [])
+    """The decision's problems and what the runtime shows (exclusivity broken, drift)."""
+    found = ask(conn, "Problems", "problems")
     if args.output != "table":
         _dump(found, args.output)
         return 0
-    body = [[str(p.get("pod") or "-"), str(p.get("kind", "")), str(p.get("message", ""))] for p in found]
+    body = [
+        [str(p.get("pod") or "-"), str(p.get("kind", "")), str(p.get("message", ""))]
+        for p in found["problems"]
+    ]
     print(plain_table(("POD", "KIND", "MESSAGE"), body))
+    note = dry_run_note(found)
+    if note:
+        print(note)
     return 0

@@ -1,21 +1,26 @@
 """Prometheus metrics: calls and latency from the relay, the rest read from the live objects.
 
 Counters on the hot path only where a call happens (calls, latency); everything that is state
-(pods, containers, problems, reconcile totals, injections) is read at scrape time.
+(pods, containers, problems, reconcile totals, injections) is read at scrape time. No `*_created`
+series: they double the series count and say nothing a restart time would not.
 """
 
 from __future__ import annotations
 
+import platform
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cri_proxy import __version__
 from cri_proxy.relay.methods import KNOWN
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide in prometheus_client; this module owns the proxy's metrics
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5)
@@ -75,6 +80,21 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self.read()
+        info = GaugeMetricFamily(
+            "cri_proxy_build_info", "1, labelled with the build", labels=["version", "python"]
+        )
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+        yield GaugeMetricFamily(
+            "cri_proxy_dry_run",
+            "1 when the proxy decides and reports but changes nothing (dry_run)",
+            value=1 if s["dry_run"] else 0,
+        )
+        yield CounterMetricFamily(
+            "cri_proxy_cpuset_updates_replaced",
+            "UpdateContainerResources requests whose cpuset the proxy replaced with its decision",
+            value=s["replaced"],
+        )
         yield GaugeMetricFamily("cri_proxy_pods_tracked", "pod sandboxes the proxy knows", value=s["pods"])
         yield GaugeMetricFamily(
             "cri_proxy_containers_tracked", "containers the proxy knows", value=s["containers"]

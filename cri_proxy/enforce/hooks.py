@@ -16,11 +16,13 @@ from google.protobuf.message import Message
 from loguru import logger
 
 from cri_proxy.config import Config
-from cri_proxy.cpu import ProblemKind, QoS
+from cri_proxy.cpu import CPUSet, ProblemKind, QoS
 from cri_proxy.cpu.decide import ContainerDecision
+from cri_proxy.enforce.naming import about, about_pod
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.enforce.recovery import canonical_cpuset
+from cri_proxy.errors import CpuError
 from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookError, HookTable
@@ -67,6 +69,7 @@ class EnforceHooks:
         self.settings = settings  # read per call: a reload swaps it whole
         self.injected: dict[str, int] = {}  # QoS -> count, for metrics and tests
         self.exclusive_timeouts = 0
+        self.replaced = 0  # UpdateContainerResources whose cpuset the decision replaced (a metric)
         # sandboxes first seen in a CreateContainer's sandbox_config, until the runtime confirms them
         self._learned: set[str] = set()
 
@@ -129,9 +132,8 @@ class EnforceHooks:
             )
             return request
         name, attempt = req.config.metadata.name, req.config.metadata.attempt
-        logger.opt(lazy=True).debug(
-            "CreateContainer {} {}: {}", lambda: pod.key, lambda: name, lambda: dump(req)
-        )
+        log, who = about_pod(pod, name)
+        log.opt(lazy=True).debug("CreateContainer {}: {}", lambda: who, lambda: dump(req))
         pid = pending_id(pod.sandbox_id, name, attempt)
         self.state.put_container(
             ContainerRecord(
@@ -147,20 +149,17 @@ class EnforceHooks:
         plan = self.policy.plan()
         for problem in plan.problems:
             if problem.pod == pod.key:
-                logger.warning("{} {}: {}: {}", pod.key, name, problem.kind, problem.message)
+                log.warning("{}: {}: {}", who, problem.kind, problem.message)
         self._refuse_bad_annotation(pod, plan.problems, pid)
         decision = plan.containers.get(pid)
         if decision is None or decision.cpuset is None:
             why = decision.why if decision is not None else "not managed"
-            logger.info(
-                "{} {}: {} -> cpuset left as is ({})", pod.key, name, decision.qos if decision else None, why
-            )
+            log.info("{}: {} -> cpuset left as is ({})", who, decision.qos if decision else None, why)
             return request
         cpus = str(decision.cpuset)
-        logger.info(
-            "{} {}: {} -> cpuset {} ({}){}",
-            pod.key,
-            name,
+        log.info(
+            "{}: {} -> cpuset {} ({}){}",
+            who,
             decision.qos,
             cpus,
             decision.why,
@@ -196,10 +195,10 @@ class EnforceHooks:
                 for p in self.policy.plan().problems
                 if p.kind is ProblemKind.EXCLUSIVE_OVERLAP and p.pod == pod.key
             ]
-            logger.warning(
-                "{} {}: other containers did not leave CPUs {} within {} s; creating anyway{}",
-                pod.key,
-                name,
+            log, who = about_pod(pod, name)
+            log.warning(
+                "{}: other containers did not leave CPUs {} within {} s; creating anyway{}",
+                who,
                 cpus,
                 self.exclusive_wait,
                 "".join(f"; {message}" for message in left),
@@ -241,9 +240,32 @@ class EnforceHooks:
                 self.state.remove_pod(sid)
         self.reconciler.request()  # roll back: pools widen again if this was exclusive
 
+    def _refuse_offline(self, container_id: str, requested: str) -> None:
+        """A cpuset naming CPUs that are not online is refused, as the runtime would have."""
+        try:
+            cpus = CPUSet.parse(requested)
+        except CpuError as exc:
+            raise HookError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"container {container_id[:13]}: cpuset_cpus {requested!r} does not parse: {exc}",
+            ) from None
+        online = self.policy.topology.online
+        offline = cpus - online
+        if offline:
+            raise HookError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"container {container_id[:13]}: cpuset_cpus {requested!r} names CPUs {offline} "
+                f"that are not online (online: {online})",
+            )
+
     async def update_resources(self, request: Message, info: MethodInfo) -> Message:
-        """kubelet's update: merged into what we know, the decided cpuset kept, sent whole."""
+        """Any client's update (kubelet's, crictl's): merged into what we know, the decided cpuset
+        kept, sent whole. A requested cpuset the decision replaces is logged and counted, never
+        dropped silently; one naming CPUs that are not online is refused."""
         req: Any = request
+        requested = req.linux.cpuset_cpus if req.HasField("linux") else ""
+        if requested and not self.dry_run:
+            self._refuse_offline(req.container_id, requested)
         c = self.state.container(req.container_id)
         if c is None or not req.HasField("linux"):
             return request
@@ -251,8 +273,21 @@ class EnforceHooks:
         merge_linux_resources(merged, req.linux)
         decision = self._decision_for(c.id)
         if decision is not None and decision.qos not in (None, QoS.KUBELET) and decision.cpuset is not None:
+            decided = str(decision.cpuset)
+            if requested and canonical_cpuset(requested) != decided:
+                self.replaced += 1
+                log, who = about(self.state, c)
+                log.warning(
+                    "{}: UpdateContainerResources asked for cpuset {}; {} ({}: {}){}",
+                    who,
+                    requested,
+                    "would replace it, but dry-run forwards it" if self.dry_run else f"replaced by {decided}",
+                    decision.qos,
+                    decision.why,
+                    "" if not self.dry_run else " [dry-run]",
+                )
             if not self.dry_run:
-                merged.cpuset_cpus = str(decision.cpuset)
+                merged.cpuset_cpus = decided
         elif not merged.cpuset_cpus and c.applied:
             merged.cpuset_cpus = c.applied
         if self.dry_run:

@@ -32,6 +32,19 @@ class Policy:
         self.api = api
         self._facts_version = 0
         self._cached: tuple[int, int, Config, Plan] | None = None
+        self._rules: Plan | None = None  # the rules' plan before pins and explanations
+        self.pins: dict[str, CPUSet] = {}  # container id -> cpuset an operator forced (`ctl update --force`)
+
+    def pin(self, container_id: str, cpus: CPUSet) -> None:
+        """An operator's explicit override: this container keeps `cpus` until it is gone or unpinned."""
+        self.pins[container_id] = cpus
+        self.facts_changed()
+
+    def unpin(self, container_id: str) -> bool:
+        if self.pins.pop(container_id, None) is None:
+            return False
+        self.facts_changed()
+        return True
 
     def facts_changed(self) -> None:
         """Call after changing the topology, the kubelet state or a source's problem. Not for
@@ -66,7 +79,8 @@ class Policy:
         generation, facts, settings = self.state.generation, self._facts_version, self.settings()
         cached = self._cached
         if cached is None or cached[:2] != (generation, facts) or cached[2] is not settings:
-            plan = self._live_problems(self._explain(decide(self.inputs())))
+            self._rules = decide(self.inputs())
+            plan = self._live_problems(self._explain(self._rules))
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
 
@@ -91,15 +105,29 @@ class Policy:
             return plan
         return Plan(plan.pools, plan.containers, (*plan.problems, *text, *found))
 
+    def rules_cpuset(self, container_id: str) -> CPUSet | None:
+        """The cpuset the rules alone give a container (an operator's pin aside)."""
+        self.plan()
+        d = self._rules.containers.get(container_id) if self._rules is not None else None
+        return d.cpuset if d is not None else None
+
     def _explain(self, plan: Plan) -> Plan:
-        """Say in `why` when a pod's QoS label or allocation came from the Kubernetes API, not CRI."""
+        """Say in `why` when a pod's QoS label or allocation came from the Kubernetes API, not CRI;
+        an operator's pin replaces the rules' cpuset (and says so)."""
         sourced = self.state.api_sourced()
-        if not sourced:
+        pins = {cid: cpus for cid, cpus in self.pins.items() if cid in plan.containers}
+        if len(pins) != len(self.pins):  # pins of containers that are gone
+            self.pins = pins
+        if not sourced and not pins:
             return plan
-        containers = {
-            cid: replace(d, why=f"{d.why} ({sourced[d.pod]} from the Kubernetes API)")
-            if d.pod in sourced
-            else d
-            for cid, d in plan.containers.items()
-        }
+        containers = {}
+        for cid, d in plan.containers.items():
+            if d.pod in sourced:
+                d = replace(d, why=f"{d.why} ({sourced[d.pod]} from the Kubernetes API)")
+            if cid in pins:
+                rule = "left unchanged" if d.cpuset is None else str(d.cpuset)
+                d = replace(
+                    d, cpuset=pins[cid], why=f"pinned by an operator (ctl update --force); rules: {rule}"
+                )
+            containers[cid] = d
         return Plan(plan.pools, MappingProxyType(containers), plan.problems)

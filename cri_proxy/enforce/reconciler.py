@@ -28,6 +28,7 @@ from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
 from cri_proxy.cpu import ProblemKind
 from cri_proxy.enforce.actual import ReadActual, Reading
+from cri_proxy.enforce.naming import about
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.state.model import ACTUAL_CGROUP, UPDATABLE_STATES, ContainerRecord, NodeState
 
@@ -195,7 +196,8 @@ class Reconciler:
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.NOT_FOUND and self.state.remove_container(c.id) is not None:
                 self.totals.dropped += 1
-                logger.info("container {} ({}) is gone from the runtime; forgotten", c.name, c.id[:13])
+                log, who = about(self.state, c)
+                log.info("{}: gone from the runtime; forgotten", who)
             return None
         if reading is not None:
             self.state.observe_container(c.id, reading.cpuset, reading.source, time.time())
@@ -211,12 +213,10 @@ class Reconciler:
     def _drifted(self, c: ContainerRecord, reading: Reading, why: str) -> None:
         """`c` really has another cpuset than applied: take it as applied, so it is sent again."""
         self.totals.repaired += 1
-        pod = self.state.pod(c.sandbox_id)
-        logger.warning(
-            "{} {} ({}): {} has cpuset {!r}, not {!r} as applied ({}); repairing",
-            pod.key if pod is not None else f"sandbox {c.sandbox_id[:13]}",
-            c.name,
-            c.id[:13],
+        log, who = about(self.state, c)
+        log.warning(
+            "{}: {} has cpuset {!r}, not {!r} as applied ({}); repairing",
+            who,
             "its cgroup" if reading.source == ACTUAL_CGROUP else "the runtime",
             reading.cpuset,
             c.applied,
@@ -294,9 +294,8 @@ class Reconciler:
             return result
         if self.dry_run:
             for c, want in todo:
-                logger.info(
-                    "dry-run: would update {} ({}) cpuset {!r} -> {!r}", c.name, c.id[:13], c.applied, want
-                )
+                log, who = about(self.state, c)
+                log.info("dry-run: would update {} cpuset {!r} -> {!r}", who, c.applied, want)
             result.would_update = len(todo)
             return result
         gate = asyncio.Semaphore(self.concurrency)
@@ -316,6 +315,7 @@ class Reconciler:
         return result
 
     async def _update(self, c: ContainerRecord, want: str, result: PassResult) -> None:
+        log, who = about(self.state, c)
         resources = c.linux_resources()
         resources.cpuset_cpus = want
         body = resources.SerializeToString()
@@ -331,25 +331,18 @@ class Reconciler:
                     await self.send(c, body)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.NOT_FOUND:
-                self.state.remove_container(c.id)
-                result.dropped += 1
-                logger.info("container {} ({}) is gone from the runtime; forgotten", c.name, c.id[:13])
+                if self.state.remove_container(c.id) is not None:  # not already forgotten by a check
+                    result.dropped += 1
+                    log.info("{}: gone from the runtime; forgotten", who)
                 return
             result.failed += 1
-            logger.warning(
-                "update of {} ({}) to cpuset {} failed: {} {}",
-                c.name,
-                c.id[:13],
-                want,
-                exc.code().name,
-                exc.details(),
-            )
+            log.warning("{}: update to cpuset {} failed: {} {}", who, want, exc.code().name, exc.details())
             return
         finally:
             await self._done_sending(c.id)
         self.state.update_container(c.id, applied=want, resources=body)
         result.updated += 1
-        logger.info("container {} ({}) cpuset {!r} -> {!r}", c.name, c.id[:13], c.applied, want)
+        log.info("{}: cpuset {!r} -> {!r}", who, c.applied, want)
         done = self.state.container(c.id)
         if done is not None:
             reading = await self.observe(done, status_too=False)  # the status only echoes the update

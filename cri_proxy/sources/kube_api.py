@@ -222,6 +222,11 @@ class KubeApiWatcher:
         finally:
             self.close()
 
+    @property
+    def api_client(self) -> Any:
+        """The connected ApiClient (None before the first session): for posting Events."""
+        return self._client
+
     def close(self) -> None:
         response, self._response = self._response, None
         if response is not None:

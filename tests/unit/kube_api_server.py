@@ -15,6 +15,10 @@ it through a kubeconfig file (`kubeconfig(path)`). What it speaks:
 
 `requests` records every request (`kind` "list" or "watch", the query parameters, the
 Authorization header) for the tests to assert on.
+
+Events: `POST /api/v1/namespaces/<ns>/events` creates one (409 when its name exists),
+`PATCH /api/v1/namespaces/<ns>/events/<name>` merges a patch into it (404 when absent); `events`
+holds them by (namespace, name) and `event_requests` records ("create" | "patch", ns, name, body).
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class KubeApiServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.events: dict[tuple[str, str], dict[str, Any]] = {}
+        self.event_requests: list[tuple[str, str, str, dict[str, Any]]] = []
 
     # -- life ---------------------------------------------------------------------------------
     @property
@@ -290,6 +296,45 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        loaded: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
+        return loaded
+
+    def _event_path(self) -> tuple[str, str] | None:
+        parts = urlsplit(self.path).path.strip("/").split("/")
+        if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (5, 6) and parts[4] == "events":
+            return parts[3], parts[5] if len(parts) == 6 else ""
+        return None
+
+    def do_POST(self) -> None:
+        api, where, body = self.api, self._event_path(), self._body()
+        if where is None or where[1]:
+            self._json(404, _status(404, "NotFound", f"{self.path} not found"))
+            return
+        ns, name = where[0], str(body.get("metadata", {}).get("name", ""))
+        with api._cond:
+            api.event_requests.append(("create", ns, name, body))
+            if (ns, name) in api.events:
+                self._json(409, _status(409, "AlreadyExists", f"events {name!r} already exists"))
+                return
+            api.events[(ns, name)] = body
+        self._json(201, body)
+
+    def do_PATCH(self) -> None:
+        api, where, body = self.api, self._event_path(), self._body()
+        if where is None or not where[1]:
+            self._json(404, _status(404, "NotFound", f"{self.path} not found"))
+            return
+        with api._cond:
+            api.event_requests.append(("patch", where[0], where[1], body))
+            found = api.events.get(where)
+            if found is None:
+                self._json(404, _status(404, "NotFound", f"events {where[1]!r} not found"))
+                return
+            found.update(body)
+        self._json(200, found)
 
     def do_GET(self) -> None:
         api = self.api

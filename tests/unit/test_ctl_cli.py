@@ -315,9 +315,14 @@ def test_inspect_has_camel_case_keys_and_update_shows(bed: Bed) -> None:
     assert "logPath" in status and "createdAt" in status and "T" in status["createdAt"]
     assert status["resources"]["linux"]["oomScoreAdj"] == "1000"
     assert "info" in doc  # verbose: the runtime's info map, parsed
+    offline = bed.run("update", "--cpuset-cpus", "0,99", cid[:12], check=False)
+    assert offline.returncode == 1 and "CPUs 99 that are not online" in offline.stderr
+    # dry-run: the proxy forwards updates unchanged, so ctl does not refuse (see test_enforce for that)
     assert bed.run("update", "--cpuset-cpus", "0", "--cpu-share", "256", cid[:12]).stdout.strip() == cid[:12]
     linux = bed.json("inspect", cid)["status"]["resources"]["linux"]  # type: ignore[index]
     assert linux["cpusetCpus"] == "0" and linux["cpuShares"] == "256"
+    (row,) = [r for r in bed.json("cpusets", "-o", "json") if r["id"] == cid]  # type: ignore[union-attr]
+    assert row["decided"] == "0-1" and row["actual"] == "0" and row["mark"] == "DRY-RUN" and row["dry_run"]
     assert linux["oomScoreAdj"] == "1000"  # what was not given stays
     pod_doc = bed.json("inspectp", pod[:9])
     assert isinstance(pod_doc, dict) and pod_doc["status"]["id"] == pod
@@ -510,14 +515,24 @@ def test_cpusets_pools_problems(bed: Bed) -> None:
     (row,) = [r for r in rows if r["id"] == cid]
     assert row["pod"] == "ctl-test/iota" and row["qos"] == "BE"
     table = bed.run("cpusets").stdout.splitlines()
-    assert table[0].split() == ["POD", "CONTAINER", "ID", "STATE", "QOS", "DECIDED", "APPLIED", "WHY"]
+    assert table[0].split() == ["POD", "CONTAINER", "ID", "STATE", "QOS", "DECIDED", "ACTUAL", "MARK", "WHY"]
     assert any(line.startswith("ctl-test/iota") and cid[:13] in line for line in table)
     pools = bed.json("pools", "-o", "json")
-    assert isinstance(pools, dict) and set(pools) == {"ls", "be"}
+    assert isinstance(pools, dict) and pools["dry_run"] is True
+    assert "dry-run: the proxy decides and reports, changes nothing" in bed.run("pools").stdout
+    by_pool = {p["pool"]: p for p in pools["pools"]}
+    assert cid in [c["id"] for c in by_pool["BE"]["containers"]]
     lines = bed.run("pools").stdout.splitlines()
-    assert lines[0].split() == ["POOL", "CPUS"] and [line.split()[0] for line in lines[1:]] == ["LS", "BE"]
+    assert lines[0].split() == ["POOL", "CPUS", "CONTAINERS"]
+    assert [line.split()[0] for line in lines[1:]][:6] == ["reserved", "LSE", "LSR", "kubelet", "LS", "BE"]
     found = bed.json("problems", "-o", "json")
-    assert isinstance(found, list) and any(p["pod"] == "ctl-test/kappa" for p in found)
+    assert isinstance(found, dict) and any(p["pod"] == "ctl-test/kappa" for p in found["problems"])
+    cpus = bed.json("cpus", "-o", "json")
+    assert isinstance(cpus, dict) and [r["cpu"] for r in cpus["cpus"]] == list(range(len(cpus["cpus"])))
+    assert cpus["dry_run"] is True and all(r["pools"] for r in cpus["cpus"])
+    lines = bed.run("cpus").stdout.splitlines()
+    assert lines[0].split() == ["CPU", "POOL", "HOLDER", "CONTAINERS", "CONFLICTS"]
+    assert "\x1b[" not in "\n".join(lines)  # no colour into a pipe
     lines = bed.run("problems").stdout.splitlines()
     assert lines[0].split() == ["POD", "KIND", "MESSAGE"]
     assert any(line.startswith("ctl-test/kappa ") for line in lines[1:])

@@ -166,6 +166,9 @@ def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
         assert "cri_proxy_pods_tracked 1.0" in text and "cri_proxy_containers_tracked 1.0" in text
         assert "cri_proxy_runtime_up 1.0" in text and "cri_proxy_reconcile_passes_total" in text
         assert "cri_proxy_reconcile_repaired_total 0.0" in text
+        assert 'cri_proxy_build_info{python="' in text and 'version="' in text
+        assert "cri_proxy_dry_run 0.0" in text and "cri_proxy_cpuset_updates_replaced_total 0.0" in text
+        assert "_created" not in text  # no creation-time series for any counter or histogram
         assert _get(base + "/nothing")[0] == 404
         daemon.fake.terminate()  # the runtime goes away
         daemon.fake.wait(10)
@@ -237,3 +240,5 @@ def test_json_log_format_is_one_object_a_line(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in daemon.logs().splitlines() if line.strip()]
     assert lines and all({"time", "level", "msg"} <= set(line) for line in lines)
     assert any("d/p c: LS -> cpuset 0-15" in line["msg"] for line in lines)  # the decision, once, at info
+    decision = next(line for line in lines if "d/p c: LS -> cpuset 0-15" in line["msg"])
+    assert (decision["namespace"], decision["pod"], decision["container"]) == ("d", "p", "c")  # as fields

@@ -121,6 +121,8 @@ def test_the_metric_names_both_containers() -> None:
         "injections": {},
         "problem_kinds": [str(p.kind) for p in policy.plan().problems],
         "reconcile": {"passes": 0, "updated": 0, "failed": 0, "dropped": 0, "repaired": 0},
+        "dry_run": False,
+        "replaced": 0,
         "overlaps": [
             (o.pod, o.container, p, c, len(cpus)) for o in policy.overlaps() for p, c, cpus in o.others
         ],

@@ -73,6 +73,7 @@ def test_files_are_in_place(installed: tuple[Root, str]) -> None:
     assert (root.doc / "10-cri-proxy.conf").read_text() == dropin.read_text()
     assert (root.doc / "configuration.md").read_text() == (REPO / "docs" / "configuration.md").read_text()
     assert root.config.read_text() == (root.doc / "config.toml.example").read_text()
+    assert (root.doc / "rbac.yaml").read_text() == (REPO / "systemd" / "rbac.yaml").read_text()
     # The operator opts in: nothing lands in the kubelet's own drop-in directory.
     assert not root.kubelet_dropins.exists()
     # Not an editable install, and nothing left in the checkout by the build.

@@ -351,3 +351,19 @@ def test_decide_never_raises_on_garbage_annotations() -> None:
     plan = decide(node(*pods))
     assert {str(p.kind) for p in plan.problems} == {"bad-annotation", "missing-cpuset"}
     assert all(d.cpuset == CPUSet.parse("0-15") for d in plan.containers.values())
+
+
+def test_pool_exhausted_names_who_holds_the_cpus() -> None:
+    """An LSE pod on every LS CPU: the problem names it and its CPUs (message and `holders`)."""
+    import json
+    from pathlib import Path
+
+    from cri_proxy.cpu import load_snapshot
+
+    case = Path(__file__).resolve().parents[2] / "cases" / "13-pool-exhausted.json"
+    plan = decide(load_snapshot(json.dumps(json.loads(case.read_text())["snapshot"])))
+    exhausted = [p for p in plan.problems if p.kind is ProblemKind.POOL_EXHAUSTED]
+    assert {p.pod for p in exhausted} == {"default/ls", "default/be"}
+    for p in exhausted:
+        assert p.holders == ("LSE default/x (0-3)",)
+        assert "held by LSE default/x (0-3)" in p.message

@@ -1,0 +1,120 @@
+"""The proxy's views and honest updates against the real containerd (2 CPUs here).
+
+A cpuset changed behind the proxy's back (straight to containerd) is marked DRIFT in `ctl cpusets`
+and moves the container in `ctl cpus`; `ctl update --cpuset-cpus` on a managed container is refused
+with its class and the rules' cpuset (the cgroup keeps its set), a CPU that is not online is
+refused, `--force` pins the set (the cgroup gets it and keeps it), and a raw CRI update through the
+proxy is replaced and counted.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ProxyProcess
+from containerd import CriClient, PrivateContainerd, connect, read_container_cpuset
+from kube import start_pod
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def views_proxy(containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
+    """An enforcing proxy whose periodic repair pass does not run during a test."""
+    config = containerd.workdir / "views.toml"
+    config.write_text("reconcile_period_seconds = 3600\n")
+    process = ProxyProcess(containerd, name="views")
+    process.args[process.args.index("/dev/null")] = str(config)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _pod(cri: CriClient, containerd: PrivateContainerd, name: str, qos: str) -> tuple[str, Any]:
+    _, cid, pod = start_pod(cri.api, cri.runtime, name, qos, log_root=containerd.pod_log_dir)
+    return cid, pod
+
+
+def _ctl(proxy: ProxyProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [proxy.args[0], "ctl", "-r", proxy.address, *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
+def _row(proxy: ProxyProcess, cid: str) -> dict[str, Any]:
+    (row,) = [r for r in proxy.ctl_json("cpusets", "-o", "json") if r["id"] == cid]
+    return row
+
+
+def test_a_cpuset_changed_behind_the_proxys_back_is_marked(
+    containerd: PrivateContainerd, views_proxy: ProxyProcess
+) -> None:
+    with connect(views_proxy.address) as cri:
+        cid, pod = _pod(cri, containerd, "drift", "burstable")
+    assert read_container_cpuset(pod.linux.cgroup_parent, cid) == "0-1"
+    row = _row(views_proxy, cid)
+    assert (row["decided"], row["actual"], row["mark"]) == ("0-1", "0-1", "")
+    with connect(containerd.address) as direct:  # behind the proxy's back
+        direct.runtime.UpdateContainerResources(
+            direct.api.UpdateContainerResourcesRequest(
+                container_id=cid, linux=direct.api.LinuxContainerResources(cpuset_cpus="1")
+            ),
+            timeout=30,
+        )
+    assert read_container_cpuset(pod.linux.cgroup_parent, cid) == "1"
+    row = _row(views_proxy, cid)
+    assert (row["decided"], row["actual"], row["mark"]) == ("0-1", "1", "DRIFT")
+    table = _ctl(views_proxy, "cpusets").stdout.splitlines()
+    assert table[0].split()[:8] == ["POD", "CONTAINER", "ID", "STATE", "QOS", "DECIDED", "ACTUAL", "MARK"]
+    (line,) = [line for line in table if cid[:13] in line]
+    assert line.split()[5:8] == ["0-1", "1", "DRIFT"]
+    cpus = {r["cpu"]: r for r in views_proxy.ctl_json("cpus", "-o", "json")["cpus"]}
+    assert set(cpus) == {0, 1}
+    assert "default/drift app" in cpus[1]["containers"] and "default/drift app" not in cpus[0]["containers"]
+    problems = views_proxy.ctl_json("problems", "-o", "json")["problems"]
+    assert any(p["kind"] == "cpuset-drift" and p["pod"] == "default/drift" for p in problems)
+    status = views_proxy.ctl_json("status", "-o", "json")
+    assert status["marks"].get("drift") == 1 and status["dry_run"] is False
+
+
+def test_updates_through_the_proxy_are_honest(
+    containerd: PrivateContainerd, views_proxy: ProxyProcess
+) -> None:
+    with connect(views_proxy.address) as cri:
+        cid, pod = _pod(cri, containerd, "upd", "burstable")
+        cgroup = lambda: read_container_cpuset(pod.linux.cgroup_parent, cid)  # noqa: E731
+        refused = _ctl(views_proxy, "update", "--cpuset-cpus", "0", cid)
+        assert refused.returncode == 1, refused
+        assert "default/upd app" in refused.stderr and "is LS" in refused.stderr
+        assert "rules give it 0-1" in refused.stderr and "--force" in refused.stderr
+        assert cgroup() == "0-1"
+        offline = _ctl(views_proxy, "update", "--force", "--cpuset-cpus", "7", cid)
+        assert offline.returncode == 1 and "CPUs 7 that are not online" in offline.stderr, offline
+        # a raw CRI update (crictl, kubelet): the decision replaces the asked cpuset, and it is counted
+        cri.runtime.UpdateContainerResources(
+            cri.api.UpdateContainerResourcesRequest(
+                container_id=cid, linux=cri.api.LinuxContainerResources(cpuset_cpus="0")
+            ),
+            timeout=30,
+        )
+        assert cgroup() == "0-1"
+        assert views_proxy.ctl_json("status", "-o", "json")["cpuset_updates_replaced"] == 1
+        # offline CPUs in a raw CRI update: refused by the proxy, naming them
+        with pytest.raises(Exception) as err:
+            cri.runtime.UpdateContainerResources(
+                cri.api.UpdateContainerResourcesRequest(
+                    container_id=cid, linux=cri.api.LinuxContainerResources(cpuset_cpus="7")
+                ),
+                timeout=30,
+            )
+        assert "INVALID_ARGUMENT" in str(err.value) and "CPUs 7" in str(err.value)
+        forced = _ctl(views_proxy, "update", "--force", "--cpuset-cpus", "0", cid)
+        assert forced.returncode == 0 and forced.stdout.strip() == cid, forced
+        assert cgroup() == "0"
+        row = _row(views_proxy, cid)
+        assert (row["decided"], row["actual"], row["mark"]) == ("0", "0", "")
+        assert "pinned by an operator" in row["why"]
