@@ -10,6 +10,7 @@ containers containerd has, nothing pending, and every running container's real `
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -166,31 +167,36 @@ def test_proxy_sigkilled_while_creates_are_in_flight(
         create(cri, ls, "web")
     assert containerd.pid is not None
     errors: list[grpc.RpcError] = []
+    with contextlib.ExitStack() as stack:
+        # connected and ready first: a client waits for the runtime's SETTINGS (relayed as they are)
+        # before its first call, through the proxy as directly, and a stopped containerd sends none
+        clients = {name: stack.enter_context(connect(proxy.address)) for name in ("made", "never")}
+        for cri in clients.values():
+            cri.runtime.Version(v1.VersionRequest(), timeout=10)
 
-    def create_through_proxy(name: str) -> None:
-        with connect(proxy.address) as cri:
+        def create_through_proxy(name: str) -> None:
             try:
-                create(cri, ls, name, start=False)
+                create(clients[name], ls, name, start=False)
             except grpc.RpcError as exc:
                 errors.append(exc)
 
-    os.kill(containerd.pid, signal.SIGSTOP)  # the creates hang in containerd
-    try:
-        calls = [threading.Thread(target=create_through_proxy, args=(n,)) for n in ("made", "never")]
-        for call in calls:
-            call.start()
-        wait_for(
-            lambda: (
-                None
-                if checkpoint.exists() and checkpoint.read_text().count('"pending"') == 2
-                else "no pending checkpointed"
+        os.kill(containerd.pid, signal.SIGSTOP)  # the creates hang in containerd
+        try:
+            calls = [threading.Thread(target=create_through_proxy, args=(n,)) for n in ("made", "never")]
+            for call in calls:
+                call.start()
+            wait_for(
+                lambda: (
+                    None
+                    if checkpoint.exists() and checkpoint.read_text().count('"pending"') == 2
+                    else "no pending checkpointed"
+                )
             )
-        )
-        kill(proxy)
-    finally:
-        os.kill(containerd.pid, signal.SIGCONT)
-    for call in calls:
-        call.join(30)
+            kill(proxy)
+        finally:
+            os.kill(containerd.pid, signal.SIGCONT)
+        for call in calls:
+            call.join(30)
     assert len(errors) == 2  # kubelet never heard back
     with connect(containerd.address) as direct:  # whatever containerd did with them: one made, one not
         found: dict[str, str] = {}
