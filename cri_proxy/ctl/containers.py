@@ -41,7 +41,7 @@ def list_containers(conn: Conn, args: argparse.Namespace, id_prefix: str = "") -
     if args.state:
         key = args.state.lower()
         if key not in STATES:
-            raise CtlError("--state should be one of created, running, exited or unknown", code=2)
+            raise CtlError("--state should be one of created, running, exited or unknown")
         flt.state.state = getattr(pb, STATES[key])
     elif not args.all:
         flt.state.state = pb.CONTAINER_RUNNING
@@ -160,7 +160,7 @@ def _status_table(pb: Any, r: Any, verbose: bool) -> None:
 def create(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     if args.no_pull and args.with_pull:
-        raise CtlError("conflict: no-pull and with-pull are both set", code=2)
+        raise CtlError("conflict: no-pull and with-pull are both set")
     config = load_container_config(pb, args.container_config)
     pod_config = load_pod_config(pb, args.pod_config)
     pod = resolve.pod(conn, args.pod)
@@ -202,7 +202,7 @@ def start(args: argparse.Namespace, conn: Conn) -> int:
 def stop(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     if args.all and args.ids:
-        raise CtlError("cannot specify CONTAINER-ID(s) when using --all", code=2)
+        raise CtlError("cannot specify CONTAINER-ID(s) when using --all")
     texts = list(args.ids)
     if args.all:
         running = [c.id for c in resolve.containers(conn) if c.state == pb.CONTAINER_RUNNING]
@@ -211,7 +211,7 @@ def stop(args: argparse.Namespace, conn: Conn) -> int:
             return 0
         texts = running
     elif not texts:
-        raise CtlError("you must specify at least one CONTAINER-ID or use --all", code=2)
+        raise CtlError("you must specify at least one CONTAINER-ID or use --all")
 
     def act(text: str, c: Any) -> None:
         request = pb.StopContainerRequest(container_id=c.id, timeout=args.stop_timeout)
@@ -241,13 +241,13 @@ def rm(args: argparse.Namespace, conn: Conn) -> int:
     texts = list(args.ids)
     if args.all:
         if texts:
-            raise CtlError("cannot specify CONTAINER-ID(s) when using --all", code=2)
+            raise CtlError("cannot specify CONTAINER-ID(s) when using --all")
         texts = [c.id for c in resolve.containers(conn)]
         if not texts:
             print("No containers to remove", file=sys.stderr)
             return 0
     elif not texts:
-        raise CtlError("give at least one CONTAINER-ID, or --all", code=2)
+        raise CtlError("give at least one CONTAINER-ID, or --all")
 
     def act(text: str, c: Any) -> None:
         status = conn.runtime("ContainerStatus", pb.ContainerStatusRequest(container_id=c.id)).status
@@ -288,13 +288,13 @@ def exec_(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     if args.interactive or args.tty:
         raise CtlError(
-            "exec -i/-t needs the streaming server: use crictl; here commands run with ExecSync", code=2
+            "exec -i/-t needs the streaming server: use crictl; here commands run with ExecSync"
         )
     cmd = list(args.cmd)
     if cmd[:1] == ["--"]:
         cmd = cmd[1:]
     if not cmd:
-        raise CtlError("exec: give a COMMAND after the CONTAINER-ID", code=2)
+        raise CtlError("exec: give a COMMAND after the CONTAINER-ID")
     c = resolve.container(conn, args.container)
     deadline = conn.settings.timeout + args.exec_timeout if args.exec_timeout > 0 else None
     try:

@@ -133,7 +133,7 @@ def rmi(args: argparse.Namespace, conn: Conn) -> int:
         if args.all or args.prune:
             print("No images to remove", file=sys.stderr)
             return 0
-        raise CtlError("give at least one IMAGE-ID, or --all, or --prune", code=2)
+        raise CtlError("give at least one IMAGE-ID, or --all, or --prune")
     failed = 0
     for text, remove in targets.items():
         if not remove:

@@ -69,7 +69,7 @@ def parse_since(text: str, now_ns: int | None = None) -> int | None:
     parsed = parse_time_ns(text if re.search(r"(Z|[+-]\d\d:\d\d)$", text) else text + "Z")
     if parsed is None:
         raise CtlError(
-            f"--since: neither a time (2013-01-02T13:23:37Z) nor a duration (42m): {text!r}", code=2
+            f"--since: neither a time (2013-01-02T13:23:37Z) nor a duration (42m): {text!r}"
         )
     return parsed
 

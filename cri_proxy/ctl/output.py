@@ -11,12 +11,12 @@ import json
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-from google.protobuf import json_format
-from google.protobuf.message import Message
+from typing import TYPE_CHECKING, Any
 
 from cri_proxy.ctl.errors import CtlError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 TRUNCATED_ID = 13
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})$")
@@ -122,6 +122,8 @@ def plain_table(heads: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 def message_json(message: Message) -> str:
     """crictl's protobufObjectToJSON: the JSON mapping, every field, indented by two spaces."""
+    from google.protobuf import json_format
+
     return json_format.MessageToJson(
         message, indent=2, always_print_fields_with_no_presence=True, ensure_ascii=False
     )

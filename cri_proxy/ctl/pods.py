@@ -26,7 +26,7 @@ def list_pods(conn: Conn, args: argparse.Namespace, id_prefix: str = "") -> list
     if args.state:
         key = args.state.lower()
         if key not in STATES:
-            raise CtlError("--state should be ready or notready", code=2)
+            raise CtlError("--state should be ready or notready")
         flt.state.state = getattr(pb, STATES[key])
     name, namespace = regex("--name", args.name), regex("--namespace", args.namespace)
     items = conn.runtime("ListPodSandbox", pb.ListPodSandboxRequest(filter=flt)).items
@@ -152,13 +152,13 @@ def rmp(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     if args.all:
         if args.ids:
-            raise CtlError("cannot specify POD-ID(s) when using --all", code=2)
+            raise CtlError("cannot specify POD-ID(s) when using --all")
         targets = [(p.id, p) for p in resolve.pods(conn)]
         if not targets:
             print("No pods to remove", file=sys.stderr)
             return 0
     elif not args.ids:
-        raise CtlError("give at least one POD-ID, or --all", code=2)
+        raise CtlError("give at least one POD-ID, or --all")
     else:
         targets = [(text, resolve.pod(conn, text)) for text in args.ids]
     failed = 0

@@ -20,7 +20,7 @@ def ask(conn: Conn, method: str, command_name: str) -> Any:
     """The JSON the proxy's introspection `method` answers."""
     s = conn.settings
     if s.bypass:
-        raise CtlError(f"`{command_name}` asks the proxy itself; it cannot be used with --bypass", code=2)
+        raise CtlError(f"`{command_name}` asks the proxy itself; it cannot be used with --bypass")
     client = conn.client(s.runtime_endpoint)
     conn.debug(f"{INTROSPECT}{method}")
     try:

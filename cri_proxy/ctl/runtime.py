@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import argparse
 
-from google.protobuf import json_format
-
-from cri_proxy.ctl import output
 from cri_proxy.ctl.conn import Conn
 
 
 def version(args: argparse.Namespace, conn: Conn) -> int:
-    r = conn.runtime("Version", conn.pb.VersionRequest(version="v1"))
-    print("Version: ", r.version)
-    print("RuntimeName: ", r.runtime_name)
-    print("RuntimeVersion: ", r.runtime_version)
-    print("RuntimeApiVersion: ", r.runtime_api_version)
+    if conn.settings.debug:
+        r = conn.runtime("Version", conn.pb.VersionRequest(version="v1"))
+        answer = [r.version, r.runtime_name, r.runtime_version, r.runtime_api_version]
+    else:  # the common case, kept light: no CRI messages imported (docs/performance.md)
+        from cri_proxy.ctl import protowire
+
+        found = protowire.fields(conn.call_raw("RuntimeService", "Version", protowire.string_field(1, "v1")))
+        answer = [protowire.text(found, n) for n in (1, 2, 3, 4)]
+    labels = ("Version", "RuntimeName", "RuntimeVersion", "RuntimeApiVersion")
+    for label, value in zip(labels, answer, strict=True):
+        print(f"{label}:  {value}")
     return 0
 
 
 def info(args: argparse.Namespace, conn: Conn) -> int:
+    from google.protobuf import json_format
+
+    from cri_proxy.ctl import output
+
     r = conn.runtime("Status", conn.pb.StatusRequest(verbose=not args.quiet))
     # crictl marshals these two with Go's encoding/json: proto field names, zero values left out
     extra = {

@@ -491,10 +491,22 @@ def test_bypass_reaches_the_runtime_with_the_proxy_down(bed: Bed) -> None:
     assert "contradict" in line
 
 
-def test_usage_errors_exit_2(bed: Bed) -> None:
-    assert bed.run("ps", "-o", "go-template", check=False).returncode == 2
-    assert bed.run("ps", "--label", "novalue", check=False).returncode == 2
-    assert bed.run("pods", "--state", "sleepy", check=False).returncode == 2
+def test_usage_errors_exit_as_crictl(bed: Bed) -> None:
+    """crictl: 1 for a bad flag or value (urfave/cli's "Incorrect Usage"), 3 for an unknown command."""
+    for args in (
+        ("ps", "-o", "xml"),
+        ("ps", "--label", "novalue"),
+        ("pods", "--state", "sleepy"),
+        ("ps", "--no-such-flag"),
+        ("--no-such-flag", "version"),
+        ("ps", "-n", "abc"),
+    ):
+        out = bed.run(*args, check=False)
+        assert out.returncode == 1, (args, out.returncode, out.stderr)
+        assert "Traceback" not in out.stderr and out.stderr.strip()
+    out = bed.run("no-such-command", check=False)
+    assert (out.returncode, out.stderr.strip()) == (3, "No help topic for 'no-such-command'")
+    assert bed.run("help", "no-such-command", check=False).returncode == 3
 
 
 # -- what only the proxy knows -----------------------------------------------------------------------
