@@ -124,6 +124,7 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_UNKNOWN_COMMAND
     if args.ctl_command in ("help", "h"):
         return _help(parser, args.topic)
+    args.ctl_build = build_parser  # `completion` lists every command
     return run(args)
 
 

@@ -40,14 +40,23 @@ def command(cmds: Commands, name: str, handler: str, help: str, **kwargs: Any) -
 
     Returns its parser (argparse's, or a `Skipped` when another command is being run)."""
     parser = cmds.add_parser(name, help=help, description=help, **kwargs)
-    parser.set_defaults(ctl_handler=handler)
+    parser.set_defaults(ctl_handler=handler, ctl_parser=parser)
     return parser
 
 
 def add_output(parser: argparse.ArgumentParser, default: str, choices: Sequence[str]) -> None:
+    """crictl's -o/--output; with go-template among the choices, its --template too."""
     parser.add_argument(
-        "-o", "--output", default=default, choices=choices, help=f"output format (default {default})"
+        "-o",
+        "--output",
+        default=default,
+        choices=choices,
+        help=f"output format, one of {'|'.join(choices)} (default {default})",
     )
+    if "go-template" in choices:
+        parser.add_argument(
+            "--template", default="", help="the template of -o go-template (a subset of Go's text/template)"
+        )
 
 
 def add_label(parser: argparse.ArgumentParser) -> None:

@@ -85,6 +85,8 @@ def images(args: argparse.Namespace, conn: Conn) -> int:
 
 def inspecti(args: argparse.Namespace, conn: Conn) -> int:
     texts = resolve.named_or_listed(list(args.ids), lambda: _list(conn, args.name))
+    if not texts:
+        return resolve.nothing_found(args)
     docs = []
     for text in texts:
         _, r = resolve.image(conn, text, verbose=not args.quiet)
@@ -98,7 +100,7 @@ def inspecti(args: argparse.Namespace, conn: Conn) -> int:
             continue
         docs.append(output.status_document(output.message_dict(r.image), r.info))
     if docs:
-        print(output.documents_output(docs, args.output))
+        print(output.documents_output(docs, args.output, args.template))
     return 0
 
 
@@ -162,5 +164,9 @@ def imagefsinfo(args: argparse.Namespace, conn: Conn) -> int:
                 print(f"Inodes[{i}]: {fs.inodes_used.value}")
                 print(f"Mountpoint[{i}]: {fs.fs_id.mountpoint}")
         return 0
-    print(output.documents_output([output.status_document(output.message_dict(r), {})], args.output))
+    print(
+        output.documents_output(
+            [output.status_document(output.message_dict(r), {})], args.output, args.template
+        )
+    )
     return 0

@@ -172,9 +172,14 @@ def status_document(
     return doc
 
 
-def documents_output(docs: Sequence[dict[str, Any]], fmt: str) -> str:
-    """One document alone, several as a list; keys sorted at every level, as crictl's are."""
+def documents_output(docs: Sequence[dict[str, Any]], fmt: str, template: str = "") -> str:
+    """One document alone, several as a list; keys sorted at every level, as crictl's are;
+    `go-template` executes `template` on that same document."""
     data: Any = docs[0] if len(docs) == 1 else list(docs)
+    if fmt == "go-template":
+        from cri_proxy.ctl.gotemplate import render
+
+        return render(template, data)
     if fmt == "json":
         return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
     if fmt == "yaml":

@@ -89,6 +89,8 @@ def inspectp(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     named = [resolve.pod(conn, text).id for text in args.ids]
     ids = resolve.named_or_listed(named, lambda: list_pods(conn, args))
+    if not ids:
+        return resolve.nothing_found(args)
     docs = []
     for pod_id in ids:
         r = conn.runtime(
@@ -101,7 +103,7 @@ def inspectp(args: argparse.Namespace, conn: Conn) -> int:
         status["createdAt"] = output.rfc3339nano(r.status.created_at)
         docs.append(output.status_document(status, r.info))
     if docs:
-        print(output.documents_output(docs, args.output))
+        print(output.documents_output(docs, args.output, args.template))
     return 0
 
 
@@ -181,8 +183,8 @@ def statsp(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     prefix = args.id_flag or args.id
     request = pb.ListPodSandboxStatsRequest(
-        filter=pb.PodSandboxStatsFilter(label_selector=parse_labels(args.label))
-    )
+        filter=pb.PodSandboxStatsFilter(id=prefix, label_selector=parse_labels(args.label))
+    )  # the id is sent as crictl sends it: the runtime then skips every other sandbox
 
     def fetch() -> list[Any]:
         stats = conn.runtime("ListPodSandboxStats", request).stats

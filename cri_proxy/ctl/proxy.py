@@ -62,8 +62,28 @@ def plan(args: argparse.Namespace, conn: Conn) -> int:
     return 0
 
 
+def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) rows of a JSON document, for a two-column table."""
+    if isinstance(data, dict):
+        rows: list[tuple[str, str]] = []
+        for key, value in data.items():
+            rows += flatten(value, f"{prefix}.{key}" if prefix else str(key))
+        return rows or [(prefix, "-")]
+    if isinstance(data, list):
+        if all(not isinstance(v, dict | list) for v in data):
+            return [(prefix, ", ".join(str(v) for v in data) or "-")]
+        return [row for i, value in enumerate(data) for row in flatten(value, f"{prefix}[{i}]")]
+    text = "-" if data is None else str(data).lower() if isinstance(data, bool) else str(data)
+    return [(prefix, text)]
+
+
 def status(args: argparse.Namespace, conn: Conn) -> int:
-    _dump(ask(conn, "Status", "status"))
+    """A table by default (one row per figure), or the document with -o json|yaml."""
+    found = ask(conn, "Status", "status")
+    if args.output != "table":
+        _dump(found, args.output)
+        return 0
+    print(plain_table(("KEY", "VALUE"), flatten(found)))
     return 0
 
 

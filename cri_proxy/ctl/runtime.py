@@ -38,5 +38,5 @@ def info(args: argparse.Namespace, conn: Conn) -> int:
         else None,
     }
     doc = output.status_document(output.message_dict(r.status), r.info, extra)
-    print(output.documents_output([doc], args.output))
+    print(output.documents_output([doc], args.output, args.template))
     return 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.processes import wait_for_socket as _wait_for_socket
 
@@ -350,14 +351,17 @@ def test_id_prefixes_unique_ambiguous_unknown(bed: Bed) -> None:
     assert "not found" in line
 
 
-def test_exec_sync_passes_the_exit_code(bed: Bed) -> None:
+def test_exec_sync_as_crictl(bed: Bed) -> None:
+    """crictl's -s: stdout then stderr, both on stdout, each with a newline after; a failing
+    command is an error (exit 1) naming its exit code."""
     _, cid, _ = _pod_and_container(bed, "delta")
     out = bed.run("exec", "--sync", cid[:8], "echo", "x")
-    assert out.stdout == "x\n"
+    assert out.stdout == "x\n\n\n"
     out = bed.run("exec", "-s", cid, "false", check=False)
-    assert out.returncode == 1 and out.stderr == ""
-    line = _one_line_error(bed.run("exec", "-it", cid, "sh", check=False))
-    assert "ExecSync" in line
+    assert out.returncode == 1 and out.stdout == ""
+    assert f"execing command in container {cid} synchronously: command 'false' exited with 1" in out.stderr
+    out = bed.run("exec", "-s", cid, check=False)  # no command: the usage, as crictl
+    assert out.returncode == 0 and "usage:" in out.stdout
 
 
 def test_logs_read_the_log_file(bed: Bed) -> None:
@@ -376,7 +380,8 @@ def test_logs_read_the_log_file(bed: Bed) -> None:
     )
     out = bed.run("logs", cid)
     assert out.stdout == "first line\nlast line\n" and out.stderr == "half and half\n"
-    assert bed.run("logs", "--tail", "1", "-t", cid).stdout == "2024-01-02T03:04:07Z last line\n"
+    # crictl pads the fraction to nine digits (Go's RFC3339NanoFixed)
+    assert bed.run("logs", "--tail", "1", "-t", cid).stdout == "2024-01-02T03:04:07.000000000Z last line\n"
     assert bed.run("logs", "--stream", "stderr", cid).stdout == ""
 
 
@@ -419,7 +424,9 @@ def test_images_info_stats(bed: Bed) -> None:
     assert isinstance(stats, dict) and [s["attributes"]["id"] for s in stats["stats"]] == [cid]
     stats = bed.json("stats", "-o", "json", "--pod", pod[:9])
     assert isinstance(stats, dict) and [s["attributes"]["id"] for s in stats["stats"]] == [cid]
-    table = bed.run("stats", "-s", "0", "--id", cid).stdout.splitlines()
+    out = bed.run("stats", "-s", "0", "--id", cid).stdout
+    assert out.startswith("\033[2J\033[H")  # crictl clears the screen before each table
+    table = out.removeprefix("\033[2J\033[H").splitlines()
     assert table[0].split() == ["CONTAINER", "NAME", "CPU", "%", "MEM", "DISK", "INODES", "SWAP"]
     assert table[1].startswith(cid[:13])
     assert "Image is up to date for localhost/extra:1" in bed.run("pull", "localhost/extra:1").stdout
@@ -535,7 +542,13 @@ def test_cpusets_pools_problems(bed: Bed) -> None:
     assert any(line.startswith("ctl-test/kappa ") for line in lines[1:])
     plan = bed.json("plan")
     assert isinstance(plan, dict) and cid in plan["containers"]
-    assert isinstance(bed.json("status"), dict) and "topology" in bed.json("snapshot")  # type: ignore[operator]
+    status = bed.json("status", "-o", "json")
+    assert isinstance(status, dict) and "topology" in bed.json("snapshot")  # type: ignore[operator]
+    assert yaml.safe_load(bed.run("status", "-o", "yaml").stdout) == status
+    table = bed.run("status").stdout.splitlines()  # a table by default, one row per figure
+    assert table[0].split() == ["KEY", "VALUE"] and ["pods", str(status["pods"])] in [
+        r.split() for r in table
+    ]
 
 
 def test_a_proxy_whose_runtime_is_down_says_so(tmp_path: Path) -> None:
