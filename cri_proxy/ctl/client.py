@@ -33,6 +33,11 @@ def _path(args: argparse.Namespace) -> Path:
     return Path(given) if given else DEFAULT_CRICTL_CONFIG
 
 
+def _value(values: dict[str, Any], key: str) -> Any:
+    """The key's value, or its type's zero value, as crictl shows an unset key."""
+    return values.get(key, KEYS[key]())
+
+
 def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -77,7 +82,7 @@ def config(args: argparse.Namespace) -> int:
     if args.get:
         if args.get not in KEYS:
             raise CtlError(f"no configuration option named {args.get}")
-        print(_text(values.get(args.get, 0 if KEYS[args.get] is int else None)))
+        print(_text(_value(values, args.get)))
         return 0
     if args.set:
         for item in ",".join(args.set).split(","):
@@ -91,7 +96,7 @@ def config(args: argparse.Namespace) -> int:
         from cri_proxy.ctl.output import table
 
         rows = [["KEY", "VALUE"]]
-        rows += [[key, _text(values.get(key, 0 if kind is int else None))] for key, kind in KEYS.items()]
+        rows += [[key, _text(_value(values, key))] for key in KEYS]
         print(CLEAR_SCREEN + table(rows))
         return 0
     if not args.words:

@@ -277,10 +277,13 @@ def update(args: argparse.Namespace, conn: Conn) -> int:
         oom_score_adj=args.oom_score_adj,
     )
 
+    request = pb.UpdateContainerResourcesRequest(linux=linux)
+    if args.cpu_count or args.cpu_maximum:  # crictl sends these (Windows only) as given
+        request.windows.cpu_count, request.windows.cpu_maximum = args.cpu_count, args.cpu_maximum
+
     def act(text: str, c: Any) -> None:
-        conn.runtime(
-            "UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=c.id, linux=linux)
-        )
+        request.container_id = c.id
+        conn.runtime("UpdateContainerResources", request)
         print(text)
 
     return _each(args.ids, conn, "updating resources of", act)

@@ -154,6 +154,9 @@ class Printer:
 
 def logs(args: argparse.Namespace, conn: Conn) -> int:
     container = resolve.container(conn, args.container)
+    if args.reopen:
+        conn.runtime("ReopenContainerLog", conn.pb.ReopenContainerLogRequest(container_id=container.id))
+        print("cri-proxy ctl: container logs reopened", file=sys.stderr)
     path = log_path(conn, container, args.previous)
     printer = Printer(args, parse_since(args.since))
     try:

@@ -120,33 +120,73 @@ def plain_table(heads: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def message_json(message: Message) -> str:
-    """crictl's protobufObjectToJSON: the JSON mapping, every field, indented by two spaces."""
-    from google.protobuf import json_format
-
-    return json_format.MessageToJson(
-        message, indent=2, always_print_fields_with_no_presence=True, ensure_ascii=False
-    )
+def _in_field_order(message: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (protobuf's JSON mapping of `message`) with keys in field-number order and map
+    entries sorted, as Go's protojson writes them (Python's puts unset fields last)."""
+    ordered: dict[str, Any] = {}
+    for f in message.DESCRIPTOR.fields:
+        if f.json_name not in data:
+            continue
+        value = data[f.json_name]
+        kind = f.message_type
+        if kind is not None and kind.GetOptions().map_entry:
+            items = getattr(message, f.name)
+            nested = kind.fields_by_name["value"].message_type is not None
+            value = {k: _in_field_order(items[k], v) if nested else v for k, v in sorted(value.items())}
+        elif kind is not None and f.is_repeated:
+            value = [
+                _in_field_order(m, d) if isinstance(d, dict) else d
+                for m, d in zip(getattr(message, f.name), value, strict=False)
+            ]
+        elif kind is not None and isinstance(value, dict):
+            value = _in_field_order(getattr(message, f.name), value)
+        ordered[f.json_name] = value
+    ordered.update({k: v for k, v in data.items() if k not in ordered})
+    return ordered
 
 
 def message_dict(message: Message) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(message_json(message))
-    return data
+    """The JSON mapping of `message`: camelCase keys, every field, in Go's order."""
+    from google.protobuf import json_format
+
+    data = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
+    return _in_field_order(message, data)
+
+
+def message_json(message: Message) -> str:
+    """crictl's protobufObjectToJSON: the JSON mapping, every field, indented by two spaces."""
+    return json.dumps(message_dict(message), indent=2, ensure_ascii=False)
+
+
+def go_json(data: Any) -> str:
+    """Go's json.Marshal then json.Indent: keys sorted, <, > and & escaped."""
+    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def to_yaml(data: Any) -> str:
+    """YAML as crictl's (sigs.k8s.io/yaml) writes it: keys sorted, strings that need quotes in
+    double quotes."""
     import yaml
 
-    text: str = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True)
+    class Dumper(yaml.SafeDumper):
+        def choose_scalar_style(self) -> Any:
+            style = super().choose_scalar_style()
+            return '"' if style == "'" else style
+
+    text: str = yaml.dump(
+        data, Dumper=Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=2**31
+    )
     return text
 
 
 def message_output(message: Message, fmt: str) -> str:
-    """`-o json` / `-o yaml` of a list command: the CRI response itself."""
+    """`-o json` / `-o yaml` of a list command: the CRI response itself (YAML with the blank
+    line crictl's Println adds after it)."""
     if fmt == "json":
         return message_json(message)
     if fmt == "yaml":
-        return to_yaml(message_dict(message)).rstrip("\n")
+        return to_yaml(message_dict(message))
     raise CtlError(f"unsupported output format {fmt!r}")
 
 
@@ -181,9 +221,9 @@ def documents_output(docs: Sequence[dict[str, Any]], fmt: str, template: str = "
 
         return render(template, data)
     if fmt == "json":
-        return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+        return go_json(data)
     if fmt == "yaml":
-        return to_yaml(data).rstrip("\n")
+        return to_yaml(data)
     raise CtlError(f"unsupported output format {fmt!r}")
 
 

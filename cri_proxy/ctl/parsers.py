@@ -148,6 +148,8 @@ def _containers(cmds: Any) -> None:
 
     p = command(cmds, "update", "containers:update", "Update one or more running containers")
     p.add_argument("ids", nargs="+", metavar="CONTAINER-ID")
+    p.add_argument("--cpu-count", type=int, default=0, help="(Windows only) number of CPUs")
+    p.add_argument("--cpu-maximum", type=int, default=0, help="(Windows only) CPU cycles, percent * 100")
     p.add_argument("--cpu-period", type=int, default=0, help="CPU CFS period (usecs)")
     p.add_argument("--cpu-quota", type=int, default=0, help="CPU CFS hardcap limit (usecs)")
     p.add_argument("--cpu-share", type=int, default=0, help="CPU shares (relative weight)")
@@ -269,6 +271,7 @@ def _logs(cmds: Any) -> None:
         "--since", default="", help="show logs since a time (2013-01-02T13:23:37Z) or for a duration (42m)"
     )
     p.add_argument("-t", "--timestamps", action="store_true", help="show timestamps")
+    p.add_argument("-r", "--reopen", action="store_true", help="reopen the container's log file first")
     p.add_argument("-s", "--stream", choices=("stdout", "stderr"), help="show one stream only (default both)")
 
 

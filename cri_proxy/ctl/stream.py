@@ -30,6 +30,7 @@ CHANNEL_PROTOCOL = "v4.channel.k8s.io"
 PORT_FORWARD_PROTOCOL = "portforward.k8s.io"
 STDIN, STDOUT, STDERR, ERROR, RESIZE = 0, 1, 2, 3, 4
 TEXT, BINARY, CLOSE, PING, PONG = 0x1, 0x2, 0x8, 0x9, 0xA
+DETACH = b"\x10\x11"  # Ctrl-P Ctrl-Q
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,14 +173,18 @@ def _terminal_size() -> bytes:
     return json.dumps({"Width": size.columns, "Height": size.lines}).encode()
 
 
-def _pump_stdin(ws: WebSocket, source: BinaryIO, ended: threading.Event) -> None:
+def _pump_stdin(ws: WebSocket, source: BinaryIO, ended: threading.Event, tty: bool) -> None:
     """stdin to channel 0 until it ends; said once if the session still runs a second later
-    (v4 cannot pass the end of input on)."""
+    (v4 cannot pass the end of input on). With -t, Ctrl-P Ctrl-Q detaches, as in crictl."""
     fd = source.fileno()
     while True:
         try:
             data = os.read(fd, 32768)
         except OSError:
+            return
+        if tty and DETACH in data:
+            ws.send(bytes([STDIN]) + data[: data.index(DETACH)])
+            ws.sock.shutdown(socket.SHUT_RDWR)  # ends the session loop; the command keeps running
             return
         if not data:
             if ended.wait(1.0):
@@ -200,6 +205,8 @@ def _pump_stdin(ws: WebSocket, source: BinaryIO, ended: threading.Event) -> None
 def session(url: str, tls: Tls, timeout: float, stdin: bool, tty: bool) -> dict[str, Any] | None:
     """Run an exec or attach session: stdin (-i) in, stdout/stderr out, in raw mode for -t on a
     terminal. The final status the server sent (a Kubernetes Status), or None when it sent none."""
+    if tty and not stdin:  # crictl's rule, checked where it checks it: after the Exec/Attach call
+        raise CtlError("tty=true must be specified with interactive=true")
     ws = WebSocket.open(url, CHANNEL_PROTOCOL, tls, timeout)
     restore: Callable[[], None] | None = None
     if tty and stdin and sys.stdin.isatty():
@@ -221,7 +228,7 @@ def session(url: str, tls: Tls, timeout: float, stdin: bool, tty: bool) -> dict[
         signal.signal(signal.SIGWINCH, lambda *_: ws.send(bytes([RESIZE]) + _terminal_size()))
     ended = threading.Event()
     if stdin:
-        threading.Thread(target=_pump_stdin, args=(ws, sys.stdin.buffer, ended), daemon=True).start()
+        threading.Thread(target=_pump_stdin, args=(ws, sys.stdin.buffer, ended, tty), daemon=True).start()
     outputs = {STDOUT: sys.stdout.buffer, STDERR: sys.stderr.buffer}
     status: dict[str, Any] | None = None
     try:

@@ -584,3 +584,96 @@ def test_a_proxy_whose_runtime_is_down_says_so(tmp_path: Path) -> None:
         assert f"the proxy at unix://{sock} answered UNAVAILABLE" in line and "no-runtime.sock" in line
     finally:
         _stop(proxy)
+
+
+# -- start-up and the light HTTP/2 client --------------------------------------------------------
+
+
+def test_version_imports_neither_grpc_nor_protobuf(bed: Bed) -> None:
+    """`ctl version` is the start-up path kept light (docs/performance.md): no grpcio, no protobuf,
+    no CRI messages, and only the version command's parser."""
+    heavy = ("grpc", "google.protobuf", "cri_api.v1.api_pb2", "yaml", "cri_proxy.config")
+    probe = (
+        "import sys; from cri_proxy.cli import main; code = main(['ctl', '-r', sys.argv[1], 'version']); "
+        f"heavy = sorted(m for m in {heavy!r} if m in sys.modules); print('HEAVY', heavy); sys.exit(code)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, bed.proxy], capture_output=True, text=True, timeout=60, env=bed.env()
+    )
+    assert out.returncode == 0, out.stderr
+    assert "RuntimeName:  fake-runtime" in out.stdout or "RuntimeName:" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+def test_light_client_answers_and_failures(bed: Bed, tmp_path: Path) -> None:
+    import socket as sockets
+
+    from cri_api.v1 import api_pb2 as pb
+    from cri_proxy.ctl.h2unary import Connection, RpcFailure, address_of
+
+    address = address_of(bed.runtime)
+    assert address is not None and address_of("tcp://127.0.0.1:80") == ("127.0.0.1", 80)
+    wire = Connection(address, bed.runtime)
+    try:
+        answer = pb.VersionResponse.FromString(
+            wire.unary("/runtime.v1.RuntimeService/Version", pb.VersionRequest().SerializeToString(), 10)
+        )
+        assert answer.runtime_api_version == "v1"
+        with pytest.raises(RpcFailure) as failed:  # the same connection, the next stream
+            request = pb.ContainerStatusRequest(container_id="no-such-container")
+            wire.unary("/runtime.v1.RuntimeService/ContainerStatus", request.SerializeToString(), 10)
+        assert failed.value.code().name == "NOT_FOUND" and "no-such-container" in failed.value.details()
+        with pytest.raises(RpcFailure) as failed:
+            wire.unary("/runtime.v1.RuntimeService/NoSuchMethod", b"", 10)
+        assert failed.value.code().name == "UNIMPLEMENTED"
+    finally:
+        wire.close()
+
+    with pytest.raises(RpcFailure) as failed:
+        Connection(str(tmp_path / "nobody.sock"), "unix:///nobody.sock").unary("/x/Y", b"", 5)
+    assert failed.value.code().name == "UNAVAILABLE" and "No such file" in failed.value.details()
+
+    silent = sockets.socket(sockets.AF_UNIX)  # accepts, never answers: the deadline ends the call
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen()
+    try:
+        with pytest.raises(RpcFailure) as failed:
+            Connection(str(tmp_path / "silent.sock"), "silent").unary("/x/Y", b"", 0.5)
+        assert failed.value.code().name == "DEADLINE_EXCEEDED"
+    finally:
+        silent.close()
+
+
+def test_help_version_config_completion(bed: Bed, tmp_path: Path) -> None:
+    out = bed.run("--version")
+    assert out.stdout.startswith("cri-proxy ctl version ")
+    assert "usage: cri-proxy ctl ps" in bed.run("help", "ps").stdout
+    assert "attach" in bed.run("help").stdout and "port-forward" in bed.run("--help").stdout
+    config = tmp_path / "crictl.yaml"
+    assert bed.run("-c", str(config), "config", "--set", "timeout=5,debug=true").returncode == 0
+    assert bed.run("-c", str(config), "config", "runtime-endpoint", "unix:///x.sock").returncode == 0
+    assert bed.run("-c", str(config), "config", "--get", "timeout").stdout == "5\n"
+    assert yaml.safe_load(config.read_text()) == {
+        "runtime-endpoint": "unix:///x.sock",
+        "image-endpoint": "",
+        "timeout": 5,
+        "debug": True,
+        "pull-image-on-create": False,
+        "disable-pull-on-run": False,
+    }
+    out = bed.run("-c", str(config), "config", "--set", "timeout=soon", check=False)
+    assert out.returncode == 1 and "timeout" in out.stderr
+    for shell in ("bash", "zsh", "fish"):
+        script = bed.run("completion", shell).stdout
+        assert "cri-proxy" in script and "port-forward" in script
+    if os.path.exists("/bin/bash"):
+        check = subprocess.run(["/bin/bash", "-n"], input=bed.run("completion", "bash").stdout, text=True)
+        assert check.returncode == 0
+
+
+def test_streaming_is_refused_clearly_by_a_runtime_without_it(bed: Bed) -> None:
+    """The fake runtime has no streaming server: exec/attach/port-forward say so and exit 1."""
+    _, cid, _ = _pod_and_container(bed, "lambda")
+    for args in (("exec", "-it", cid, "sh"), ("attach", cid), ("exec", cid, "true")):
+        out = bed.run(*args, check=False)
+        assert out.returncode == 1 and "Traceback" not in out.stderr and out.stderr.strip(), args
