@@ -1,11 +1,12 @@
 """Unary gRPC calls over one plain HTTP/2 connection, without grpcio.
 
 `ctl` makes a handful of unary calls and exits; importing grpcio alone costs more than crictl's
-whole run (docs/performance.md). This is the least HTTP/2 a unary gRPC call needs: the preface,
-one HEADERS and DATA per request, the answer's HEADERS, DATA and trailers. Our receive windows
-are opened to the maximum at once, so no flow control is needed for answers; a request larger
-than the peer's initial window goes through grpcio instead (`TooLarge`). Streaming calls
-(`events`, `call` of a server stream) keep using grpcio.
+whole run (docs/performance.md), and the hpack package about as much as the rest (hence
+`hpackdecode`). This is the least HTTP/2 a unary gRPC call needs: the preface, one HEADERS and
+DATA per request, the answer's HEADERS, DATA and trailers. Our receive windows are opened to the
+maximum at once, so no flow control is needed for answers; a request larger than the peer's
+initial window goes through grpcio instead (`TooLarge`). Streaming calls (`events`, `call` of a
+server stream) keep using grpcio.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import socket
 import struct
 import time
+
+from cri_proxy.ctl.hpackdecode import Decoder, HpackError
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
@@ -143,7 +146,7 @@ class Connection:
         self.buffer = b""
         self.next_stream = 1
         self.send_window = DEFAULT_WINDOW
-        self.decoder: object | None = None
+        self.decoder = Decoder()
 
     def _connect(self, deadline: float | None) -> socket.socket:
         family = socket.AF_UNIX if isinstance(self.address, str) else socket.AF_INET
@@ -201,12 +204,10 @@ class Connection:
         return head[3], head[4], stream, self._read(length, deadline) if length else b""
 
     def _decode(self, block: bytes) -> list[tuple[str, str]]:
-        if self.decoder is None:
-            from hpack import Decoder
-
-            self.decoder = Decoder()
-        decoded = self.decoder.decode(block)  # type: ignore[attr-defined]
-        return [(str(k), str(v)) for k, v in decoded]
+        try:
+            return self.decoder.decode(block)
+        except HpackError as exc:
+            raise RpcFailure(INTERNAL, f"{self.where} sent headers that do not decode: {exc}") from None
 
     def unary(self, path: str, request: bytes, timeout: float | None) -> bytes:
         """Send `request` (a serialised message) to `path`; the answer's serialised message."""
