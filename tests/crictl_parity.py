@@ -37,6 +37,7 @@ class Case:
     args: tuple[str, ...]
     compare: str = "stdout"
     stdin: str | None = None
+    fixed_times: bool = False  # times printed at a fixed width (logs -t): the width is compared
 
 
 CASES = (
@@ -65,6 +66,22 @@ CASES = (
         "info-template",
         ("info", "-o", "go-template", "--template", "{{range .status.conditions}}{{.type}} {{end}}"),
     ),
+    Case("ps-verbose", ("ps", "-v")),
+    Case("pods-verbose", ("pods", "-v")),
+    Case("inspect-table", ("inspect", "-o", "table", "{cid}")),
+    Case("inspect-yaml", ("inspect", "-o", "yaml", "{cid}")),
+    Case("inspectp-table", ("inspectp", "-o", "table", "{pod}")),
+    Case("inspectp-json", ("inspectp", "{pod}")),
+    Case("inspecti-table", ("inspecti", "-o", "table", "{image}")),
+    Case("inspecti-json", ("inspecti", "{image}")),
+    Case("info-yaml", ("info", "-o", "yaml")),
+    Case("imagefsinfo-table", ("imagefsinfo", "-o", "table"), "head"),
+    Case("runtime-config", ("runtime-config",)),
+    Case("metricdescs-unimplemented", ("metricdescs",), "exit"),
+    Case("events-unimplemented", ("events",), "exit"),
+    Case("update-runtime-config", ("update-runtime-config", "-p", "10.88.0.0/16"), "exit"),
+    Case("images-verbose", ("images", "-v")),
+    Case("images-json", ("images", "-o", "json", "{image}")),
     Case("images-quiet", ("images", "-q")),
     Case("images", ("images", IMAGE), "table"),
     Case("exec-sync", ("exec", "-s", "{cid}", "sh", "-c", "echo out; echo err >&2")),
@@ -74,7 +91,7 @@ CASES = (
     Case("exec-stdin", ("exec", "-i", "{cid}", "sh", "-c", "read line; echo got $line"), stdin="hello\n"),
     Case("exec-by-name", ("exec", "--name", "^app$", "echo", "hi")),
     Case("logs", ("logs", "{cid}")),
-    Case("logs-timestamps", ("logs", "-t", "{cid}")),
+    Case("logs-timestamps", ("logs", "-t", "{cid}"), fixed_times=True),
     Case("stats-id", ("stats", "--id", "{cid}"), "head"),
     Case("statsp-id", ("statsp", "--id", "{pod}"), "head"),
     Case("config-list", ("-c", "{config}", "config", "--list")),
@@ -94,22 +111,24 @@ _ID13 = re.compile(r"\b[0-9a-f]{13}\b")
 _AGO = re.compile(r"\b(Less than a second|About an? \w+|\d+ \w+) ago\b")
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")
 _NANOS = re.compile(r"\b\d{16,20}\b")
-_PID = re.compile(r'("pid":\s*)\d+')
+_PID = re.compile(r'(\bpid"?:\s*)\d+')
+_GO_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? [+-]\d{4} \w+")
 _PROC = re.compile(r"/proc/\d+/")
 _CONTAINERD_DIR = re.compile(r"/tmp/cri-e2e-[A-Za-z0-9_]+")  # a private containerd's (tests/e2e)
 
 
-def _time(m: re.Match[str]) -> str:
-    """Digits to 0; a fraction of nine digits kept as such (crictl's fixed width for logs), a
-    shorter one (RFC3339Nano drops trailing zeros, so its width is chance) as `.<frac>`."""
+def _time(m: re.Match[str], fixed: bool) -> str:
+    """Digits to 0. The fraction: with `fixed`, nine digits kept as such (crictl pads log times)
+    and a shorter one as `.<frac>`; else always `.<frac>` (RFC3339Nano drops trailing zeros, so
+    its width is chance)."""
     fraction = m.group(1) or ""
     shape = "0000-00-00T00:00:00"
     if fraction:
-        shape += ".000000000" if len(fraction) == 10 else ".<frac>"
+        shape += ".000000000" if fixed and len(fraction) == 10 else ".<frac>"
     return shape + re.sub(r"\d", "0", m.group(2))
 
 
-def normalise(text: str, known: dict[str, str], table: bool = False) -> str:
+def normalise(text: str, known: dict[str, str], table: bool = False, fixed_times: bool = False) -> str:
     """Ids (named where known: <cid>, <pod>, else <id>), times (`_time`), ages,
     nanosecond counters; in a table, runs of spaces to one."""
     for value, name in sorted(known.items(), key=lambda item: -len(item[0])):
@@ -117,7 +136,8 @@ def normalise(text: str, known: dict[str, str], table: bool = False) -> str:
     text = _ID64.sub("<id>", text)
     text = _ID13.sub("<id13>", text)
     text = _AGO.sub("<ago>", text)
-    text = _RFC3339.sub(_time, text)
+    text = _RFC3339.sub(lambda m: _time(m, fixed_times), text)
+    text = _GO_TIME.sub("<time>", text)
     text = _NANOS.sub("<ns>", text)
     text = _PID.sub(r"\g<1>0", text)
     text = _PROC.sub("/proc/0/", text)
@@ -203,7 +223,7 @@ def difference(name: str, got: dict[str, Any], want: dict[str, Any]) -> str:
 
 def outcome(case: Case, out: subprocess.CompletedProcess[str], known: dict[str, str]) -> dict[str, Any]:
     """What a case compares, from one run."""
-    stdout = normalise(out.stdout, known, table=case.compare == "table")
+    stdout = normalise(out.stdout, known, table=case.compare == "table", fixed_times=case.fixed_times)
     if case.compare == "head":
         stdout = stdout.split("\n", 1)[0]
     elif case.compare == "exit":

@@ -155,7 +155,7 @@ def _status_table(pb: Any, r: Any, verbose: bool) -> None:
         lines.append(f"Exit Code: {s.exit_code}")
     lines += output.labels_block("Labels", s.labels) + output.labels_block("Annotations", s.annotations)
     if verbose:
-        lines.append(f"Info: {dict(r.info)}")
+        lines.append(f"Info: {output.go_map(r.info)}")
     print("\n".join(lines))
 
 

@@ -95,7 +95,7 @@ def inspecti(args: argparse.Namespace, conn: Conn) -> int:
             lines += [f"Tag: {t}" for t in r.image.repo_tags] + [f"Digest: {d}" for d in r.image.repo_digests]
             lines.append(f"Size: {output.human_size(r.image.size)}")
             if not args.quiet:
-                lines.append(f"Info: {dict(r.info)}")
+                lines.append(f"Info: {output.go_map(r.info)}")
             print("\n".join(lines))
             continue
         docs.append(output.status_document(output.message_dict(r.image), r.info))

@@ -95,6 +95,21 @@ def rfc3339nano(timestamp_ns: int) -> str:
     return f"{text}{sign}{hours:02d}:{minutes:02d}"
 
 
+def go_time(timestamp_ns: int) -> str:
+    """Go's time.Time printed with %v: "2006-01-02 15:04:05.999999999 -0700 MST", local time."""
+    secs, nanos = divmod(timestamp_ns, 1_000_000_000)
+    moment = dt.datetime.fromtimestamp(secs, dt.UTC).astimezone()
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if nanos:
+        text += "." + f"{nanos:09d}".rstrip("0")
+    return f"{text} {moment.strftime('%z')} {moment.strftime('%Z')}"
+
+
+def go_map(values: Mapping[str, str]) -> str:
+    """A Go map[string]string printed with %v: "map[k1:v1 k2:v2]", keys sorted."""
+    return "map[" + " ".join(f"{k}:{values[k]}" for k in sorted(values)) + "]"
+
+
 def table(rows: Sequence[Sequence[str]], minwidth: int = 20, padding: int = 3) -> str:
     """Go's tabwriter as crictl sets it up: every column but the last at least `minwidth` wide,
     cells padded by `padding` spaces; the last column is not padded."""
@@ -170,13 +185,20 @@ def to_yaml(data: Any) -> str:
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        def choose_scalar_style(self) -> Any:
-            style = super().choose_scalar_style()
-            return '"' if style == "'" else style
+        """go-yaml's choices: a string that would read back as another type (or is empty) in
+        double quotes, one of several lines as a literal block, else plain or single-quoted."""
 
-    text: str = yaml.dump(
-        data, Dumper=Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=2**31
-    )
+    def string(dumper: yaml.SafeDumper, value: str) -> Any:
+        tag = "tag:yaml.org,2002:str"
+        if "\n" in value:
+            return dumper.represent_scalar(tag, value, style="|")
+        if not value or dumper.resolve(yaml.ScalarNode, value, (True, False)) != tag:  # type: ignore[no-untyped-call]
+            return dumper.represent_scalar(tag, value, style='"')
+        return dumper.represent_scalar(tag, value)
+
+    Dumper.add_representer(str, string)
+
+    text: str = yaml.dump(data, Dumper=Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True)
     return text
 
 

@@ -29,6 +29,18 @@ def _runtime(cmds: Any) -> None:
     p = command(cmds, "info", "runtime:info", "Display information of the container runtime")
     add_output(p, "json", ("json", "yaml", "go-template"))
     p.add_argument("-q", "--quiet", action="store_true", help="do not show verbose information")
+    command(cmds, "runtime-config", "runtime:runtime_config", "Retrieve the container runtime configuration")
+    p = command(
+        cmds, "update-runtime-config", "runtime:update_runtime_config", "Update the runtime configuration"
+    )
+    p.add_argument("-p", "--pod-cidr", help="the new CIDR for pod IP addresses")
+    p = command(cmds, "metricdescs", "runtime:metricdescs", "List metric descriptors")
+    add_output(p, "json", ("json", "yaml"))
+    p = command(cmds, "metricsp", "runtime:metricsp", "List pod metrics")
+    add_output(p, "json", ("json", "yaml"))
+    p.add_argument("-w", "--watch", action="store_true", help="watch pod metrics")
+    p = command(cmds, "events", "runtime:events", "Stream the events of containers", aliases=["event"])
+    add_output(p, "json", ("json", "yaml", "go-template"))
 
 
 def _list_flags(p: argparse.ArgumentParser) -> None:

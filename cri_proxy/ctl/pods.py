@@ -61,7 +61,7 @@ def pods(args: argparse.Namespace, conn: Conn) -> int:
             if meta.attempt:
                 lines.append(f"Attempt: {meta.attempt}")
             lines.append(f"Status: {state_name(pb, p.state)}")
-            lines.append(f"Created: {output.rfc3339nano(p.created_at)}")
+            lines.append(f"Created: {output.go_time(p.created_at)}")
             lines += output.labels_block("Labels", p.labels) + output.labels_block(
                 "Annotations", p.annotations
             )
@@ -117,13 +117,13 @@ def _status_table(pb: Any, r: Any, verbose: bool) -> None:
     ]
     lines.append(f"Attempt: {s.metadata.attempt}")
     lines.append(f"Status: {pb.PodSandboxState.Name(s.state)}")
-    lines.append(f"Created: {output.rfc3339nano(s.created_at)}")
+    lines.append(f"Created: {output.go_time(s.created_at)}")
     if s.HasField("network"):
         lines.append(f"IP Addresses: {s.network.ip}")
         lines += [f"Additional IP: {ip.ip}" for ip in s.network.additional_ips]
     lines += output.labels_block("Labels", s.labels) + output.labels_block("Annotations", s.annotations)
     if verbose:
-        lines.append(f"Info: {dict(r.info)}")
+        lines.append(f"Info: {output.go_map(r.info)}")
     print("\n".join(lines))
 
 

@@ -677,3 +677,41 @@ def test_streaming_is_refused_clearly_by_a_runtime_without_it(bed: Bed) -> None:
     for args in (("exec", "-it", cid, "sh"), ("attach", cid), ("exec", cid, "true")):
         out = bed.run(*args, check=False)
         assert out.returncode == 1 and "Traceback" not in out.stderr and out.stderr.strip(), args
+
+
+def test_events_stream_as_crictl_prints_them(bed: Bed) -> None:
+    """`events`: one document per container event (the fake runtime streams them), and a
+    template refused with a format that is not go-template."""
+    import queue
+    import threading
+
+    argv = [
+        CLI,
+        "ctl",
+        "-r",
+        bed.proxy,
+        "events",
+        "-o",
+        "go-template",
+        "--template",
+        "{{.containerEventType}}",
+    ]
+    watcher = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bed.env())
+    lines: queue.Queue[str] = queue.Queue()
+    assert watcher.stdout is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in watcher.stdout or ()], daemon=True).start()
+    try:
+        first = None
+        for attempt in range(10):  # until the watcher is subscribed: each try makes a container
+            _pod_and_container(bed, f"mu{attempt}")
+            try:
+                first = lines.get(timeout=3).strip()
+                break
+            except queue.Empty:
+                assert watcher.poll() is None, watcher.stderr.read() if watcher.stderr else ""
+        assert first is not None and first.startswith("CONTAINER_") and first.endswith("_EVENT"), first
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+    out = bed.run("events", "--template", "{{.x}}", check=False)
+    assert out.returncode == 1 and "template can't be used" in out.stderr
