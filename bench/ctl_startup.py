@@ -4,7 +4,7 @@ Both are run against one `cri-proxy fake-runtime` (or ENDPOINT, e.g. a proxy in 
 containerd), interleaved (crictl, ctl, crictl, ctl, ...) so machine noise falls on both alike.
 Prints min and median wall time of each, the ratio of the medians (goal: ctl <= 3x crictl), and
 the floor: `python -c pass` with the same interpreter and site packages, and ctl's own import
-time from `python -X importtime`.
+time from `python -X importtime`. Bytecode caches are written and used, as in an installed package.
 
     .venv/bin/python bench/ctl_startup.py [--crictl PATH] [--runs N] [--endpoint ENDPOINT]
 """
@@ -63,7 +63,10 @@ def main() -> int:
     args = parser.parse_args()
     if not Path(args.crictl).exists():
         raise SystemExit(f"no crictl at {args.crictl} (--crictl PATH, or $CRICTL)")
-    env = {**os.environ, "CRI_CONFIG_FILE": "/dev/null"}
+    # bytecode caches as an installed package has them (pip compiles at install): a run with
+    # PYTHONDONTWRITEBYTECODE would compile every module of ctl on every start
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["CRI_CONFIG_FILE"] = "/dev/null"
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         endpoint = args.endpoint
