@@ -65,6 +65,12 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+def parse_timeout(text: str) -> float:
+    """--timeout: a duration; 0 or less means the default, as in crictl."""
+    value = text.strip()
+    return 0.0 if value.startswith("-") else parse_duration(value)
+
+
 # the global flags that take a value, as `cri-proxy ctl` finds the command word before parsing
 VALUE_FLAGS = frozenset(
     {
@@ -99,7 +105,7 @@ def add_global_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-t",
         "--timeout",
-        type=parse_duration,
+        type=parse_timeout,
         metavar="DURATION",
         help=f"timeout of each call, e.g. 2s or 500ms (default {DEFAULT_TIMEOUT:g}s; crictl's is 2s)",
     )

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -298,3 +300,30 @@ def test_exec_tty_and_port_forward_through_the_streaming_server(
         forward.wait(10)
         server.kill()
         server.wait(10)
+
+
+def test_attach_streams_the_running_containers_output(
+    containerd: PrivateContainerd, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    files = Files(tmp_path, containerd, "attach")
+    files.container["command"] = ["sh", "-c", "while true; do echo tick; sleep 0.2; done"]
+    files.container_file.write_text(yaml.safe_dump(files.container))
+    _, cid = _run_pod(proxy, files)
+    attached = subprocess.Popen(
+        [CLI, "ctl", "-r", proxy.address, "attach", cid],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(
+        target=lambda: lines.put(attached.stdout.readline() if attached.stdout else ""), daemon=True
+    ).start()
+    try:
+        assert lines.get(timeout=30) == "tick\n"
+    finally:
+        attached.terminate()
+        attached.wait(10)
+    out = ctl(proxy, "attach", "-t", cid, check=False)  # crictl's rule: a terminal needs stdin
+    assert out.returncode == 1 and "tty=true must be specified with interactive=true" in out.stderr
