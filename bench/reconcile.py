@@ -106,12 +106,15 @@ def measure(
         "WARNING",
         "--exclusive-wait",
         "60",
+        "--admin-listen",
+        f"unix://{work}/admin-{n}.sock",
         *sysfs_root,
         listen=work / f"proxy-{n}.sock",
         state_dir=work / f"state-{n}",
     )
     try:
         channel = grpc.insecure_channel(endpoint)
+        admin = grpc.insecure_channel(f"unix://{work}/admin-{n}.sock")  # introspection
         rt = api_pb2_grpc.RuntimeServiceStub(channel)
         ids = run_pods(rt, n, start, log_dir)
         # the exclusive pod arrives: time until every LS container is off its CPUs
@@ -119,13 +122,14 @@ def measure(
         rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=60)
         t0 = time.perf_counter()  # the pod exists: its post hook has asked for a pass
         while True:
-            rows = [r for r in introspect(channel) if r["id"] in set(ids)]
+            rows = [r for r in introspect(admin) if r["id"] in set(ids)]
             if rows and all(r["applied"] == r["decided"] for r in rows):
                 break
             time.sleep(0.005)
         proxy_time = time.perf_counter() - t0
         target = rows[0]["decided"]
         channel.close()
+        admin.close()
         # the same N updates, one at a time, straight to the runtime
         direct = grpc.insecure_channel(runtime_ep)
         drt = api_pb2_grpc.RuntimeServiceStub(direct)

@@ -6,6 +6,8 @@ table, so a key that is not there is refused with its name, and a value of the w
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -15,7 +17,8 @@ from cri_proxy.cpu.cpuset import CPUSet
 from cri_proxy.defaults import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
 from cri_proxy.defaults import DEFAULT_LISTEN as DEFAULT_LISTEN
 from cri_proxy.defaults import DEFAULT_RUNTIME_ENDPOINT as DEFAULT_RUNTIME_ENDPOINT
-from cri_proxy.errors import ConfigError, CpuError
+from cri_proxy.endpoints import admin_endpoint_beside, socket_path
+from cri_proxy.errors import ConfigError, CpuError, EndpointError
 
 MIB = 1024 * 1024
 
@@ -34,6 +37,8 @@ class Config:
     relay_mode: str = "frames"  # "frames" (HTTP/2 frame relay, fastpath.py) or "grpc" (grpc.aio relay)
     log_level: str = "INFO"
     socket_group: str = ""
+    admin_listen: str = ""  # the admin socket (introspection, health); empty: admin.sock beside `listen`
+    admin_socket_group: str = ""  # a group that may use the admin socket (0660); empty: root only (0600)
     allow_world_writable_socket_dir: bool = False
     state_dir: str = "/var/lib/cri-proxy"
     kubelet_state_file: str = "/var/lib/kubelet/cpu_manager_state"
@@ -47,52 +52,115 @@ class Config:
     kubelet_poll_seconds: float = 1.0
     log_format: str = "auto"  # auto | text | json
     metrics_address: str = ""  # HOST:PORT for /metrics, /healthz, /readyz; empty: off
+    allow_remote_metrics: bool = False  # metrics_address may be a non-loopback address
     kubernetes_enabled: bool = False  # [kubernetes] enabled: watch this node's pods for re-binds
     kubernetes_node_name: str = ""  # [kubernetes] node_name; empty: the host name
     kubernetes_kubeconfig: str = ""  # [kubernetes] kubeconfig; empty: in-cluster, then ~/.kube/config
 
     def validate(self) -> Config:
+        """Every value on its own (no I/O); `check_cpus` adds what needs the node's online CPUs."""
         if self.relay_mode not in ("grpc", "frames"):
             raise ConfigError(f"relay_mode: must be 'grpc' or 'frames', not {self.relay_mode!r}")
         if self.log_format not in ("auto", "text", "json"):
             raise ConfigError(f"log_format: must be 'auto', 'text' or 'json', not {self.log_format!r}")
         if self.metrics_address:
-            host, sep, port = self.metrics_address.rpartition(":")
-            if not sep or not host or not port.isdigit() or int(port) > 65535:
-                raise ConfigError(f"metrics_address: expected HOST:PORT, not {self.metrics_address!r}")
+            _check_metrics_address(self.metrics_address, self.allow_remote_metrics)
         if self.fail_policy not in ("ignore", "fail"):
             raise ConfigError(f"fail_policy: must be 'ignore' or 'fail', not {self.fail_policy!r}")
-        for key in ("max_recv_message_bytes", "max_send_message_bytes"):
-            if getattr(self, key) < 1024:
-                raise ConfigError(f"{key}: must be at least 1024 bytes, not {getattr(self, key)}")
-        if self.shutdown_grace_seconds < 0:
-            raise ConfigError(
-                f"shutdown_grace_seconds: must not be negative, not {self.shutdown_grace_seconds}"
-            )
-        if self.log_level.upper() not in (
-            "TRACE",
-            "DEBUG",
-            "INFO",
-            "SUCCESS",
-            "WARNING",
-            "ERROR",
-            "CRITICAL",
-        ):
+        for key, (low, high) in NUMBERS.items():
+            _check_number(key, getattr(self, key), low, high)
+        if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(f"log_level: unknown level {self.log_level!r}")
         for key in ("reserved_cpus", "system_cpus"):
             try:
                 CPUSet.parse(getattr(self, key))
             except CpuError as exc:
                 raise ConfigError(f"{key}: {exc}") from None
-        for key in ("exclusive_wait_seconds", "reconcile_period_seconds", "kubelet_poll_seconds"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"{key}: must not be negative, not {getattr(self, key)}")
-        if self.reconcile_concurrency < 1:
-            raise ConfigError(f"reconcile_concurrency: must be at least 1, not {self.reconcile_concurrency}")
         for key in ("listen", "runtime_endpoint"):
             if not getattr(self, key):
                 raise ConfigError(f"{key}: must not be empty")
+        try:
+            admin = socket_path(self.admin_endpoint)
+        except EndpointError as exc:
+            raise ConfigError(f"admin_listen: {exc}") from None
+        try:
+            listen = socket_path(self.listen)
+        except EndpointError:
+            listen = None  # the relay refuses it, naming it, as it starts
+        if admin is None:
+            raise ConfigError(f"admin_listen: must be a unix:// socket, not {self.admin_listen!r}")
+        if admin == listen:
+            raise ConfigError(f"admin_listen: must differ from listen ({self.listen!r})")
         return self
+
+    @property
+    def admin_endpoint(self) -> str:
+        """Where the admin socket is: `admin_listen`, or admin.sock in the directory of `listen`."""
+        return self.admin_listen.strip() or admin_endpoint_beside(self.listen)
+
+
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+DAY = 86400.0
+GRPC_MAX_MESSAGE = 2**31 - 1  # grpc keeps message limits in a signed 32-bit int
+
+NUMBERS: dict[str, tuple[float, float]] = {
+    "max_recv_message_bytes": (1024, GRPC_MAX_MESSAGE),
+    "max_send_message_bytes": (1024, GRPC_MAX_MESSAGE),
+    "shutdown_grace_seconds": (0.0, DAY),
+    "exclusive_wait_seconds": (0.0, DAY),
+    "reconcile_period_seconds": (0.0, DAY),  # 0: passes only on changes
+    "kubelet_poll_seconds": (0.01, DAY),  # 0 would poll in a busy loop
+    "reconcile_concurrency": (1, 1024),
+}
+"""Numeric keys and their inclusive bounds; nan and infinities are refused for every one."""
+
+
+def _check_number(key: str, value: float, low: float, high: float) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, not {value}")
+    if not low <= value <= high:
+        raise ConfigError(f"{key}: must be between {low:g} and {high:g}, not {value}")
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def _check_metrics_address(address: str, allow_remote: bool) -> None:
+    """HOST:PORT (`[v6]:PORT`); a host that is not loopback only with `allow_remote_metrics`."""
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"metrics_address: expected HOST:PORT, not {address!r}")
+    if is_loopback(host) or allow_remote:
+        return
+    raise ConfigError(
+        f"metrics_address: {host} is not a loopback address and the listener has no authentication;"
+        " set allow_remote_metrics = true to serve /metrics, /healthz and /readyz there anyway"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """An IP literal in 127.0.0.0/8 or ::1, or a name that always means this host."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_cpus(config: Config, online: CPUSet) -> None:
+    """`reserved_cpus` and `system_cpus` against the node: only online CPUs, and not every one reserved."""
+    for key in ("reserved_cpus", "system_cpus"):
+        cpus = CPUSet.parse(getattr(config, key))
+        missing = cpus - online
+        if missing:
+            raise ConfigError(f"{key}: CPUs {missing} are not online on this node (online: {online})")
+    if online and CPUSet.parse(config.reserved_cpus) >= online:
+        raise ConfigError(
+            f"reserved_cpus: {config.reserved_cpus} covers every online CPU ({online}),"
+            " which leaves no CPU for the share pools"
+        )
 
 
 RELOADABLE = frozenset(

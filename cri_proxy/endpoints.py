@@ -7,6 +7,7 @@ tested on their own and reused by the CLI.
 from __future__ import annotations
 
 import errno
+import grp
 import os
 import socket
 import stat
@@ -28,6 +29,26 @@ def socket_path(endpoint: str) -> Path | None:
     if not path.startswith("/"):
         raise EndpointError(f"unix endpoint {endpoint!r} must name an absolute path")
     return Path(path)
+
+
+ADMIN_SOCKET_NAME = "admin.sock"
+DEFAULT_ADMIN_ENDPOINT = f"unix:///run/cri-proxy/{ADMIN_SOCKET_NAME}"
+
+
+def admin_endpoint_beside(listen: str) -> str:
+    """The admin socket that goes with a CRI socket: `admin.sock` in the same directory.
+
+    Both `serve` (when `admin_listen` is not set) and `ctl` (when `--admin-endpoint` is not given)
+    derive it the same way, so a proxy and a ctl pointed at one CRI socket find each other.
+    A CRI endpoint that is not a Unix socket has no directory: the default admin socket then.
+    """
+    try:
+        path = socket_path(listen)
+    except EndpointError:
+        path = None
+    if path is None:
+        return DEFAULT_ADMIN_ENDPOINT
+    return f"unix://{path.parent / ADMIN_SOCKET_NAME}"
 
 
 def grpc_target(endpoint: str) -> str:
@@ -80,6 +101,17 @@ def prepare_listen_socket(path: Path, allow_world_writable_dir: bool = False) ->
         raise EndpointError(
             f"cannot remove stale socket {path}: {os.strerror(exc.errno or errno.EIO)}"
         ) from exc
+
+
+def secure_socket(path: Path, mode: int, group: str, key: str) -> None:
+    """Give a socket we bound its mode, and its group when `group` names one (`key`: the config key)."""
+    os.chmod(path, mode)
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise EndpointError(f"{key}: no group named {group!r}") from None
+        os.chown(path, 0 if os.geteuid() == 0 else -1, gid)
 
 
 def remove_socket(path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cri_proxy.config import DEFAULT_CONFIG_FILE, DEFAULT_LISTEN, DEFAULT_RUNTIME_ENDPOINT
-from cri_proxy.errors import CriProxyError
+from cri_proxy.errors import ConfigError, CriProxyError
 
 
 def register(sub: Any) -> None:
@@ -23,6 +23,11 @@ def register(sub: Any) -> None:
         help=f"TOML config file (default {DEFAULT_CONFIG_FILE}; absent is fine)",
     )
     p.add_argument("--listen", help=f"endpoint to serve on (default {DEFAULT_LISTEN})")
+    p.add_argument(
+        "--admin-listen",
+        help="the admin socket for `ctl` and health checks (default: admin.sock beside --listen, "
+        "i.e. unix:///run/cri-proxy/admin.sock)",
+    )
     p.add_argument("--runtime-endpoint", help=f"the runtime's endpoint (default {DEFAULT_RUNTIME_ENDPOINT})")
     p.add_argument(
         "--max-message-bytes", type=int, help="gRPC message size limit, both directions (default 16 MiB)"
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {
         "listen": args.listen,
+        "admin_listen": args.admin_listen,
         "runtime_endpoint": args.runtime_endpoint,
         "max_recv_message_bytes": args.max_message_bytes,
         "max_send_message_bytes": args.max_message_bytes,
@@ -102,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio_run(serve(config, reload))
+    except ConfigError as exc:  # a value only the node can judge (CPUs not online): as a bad file
+        print(f"cri-proxy serve: {exc}", file=sys.stderr)
+        return 2
     except CriProxyError as exc:
         print(f"cri-proxy serve: {exc}", file=sys.stderr)
         return 1

@@ -6,6 +6,8 @@ The names are crictl's, so habits and scripts carry over: `--runtime-endpoint/-r
 crictl's keys (`runtime-endpoint`, `image-endpoint`, `timeout`, `debug`, `pull-image-on-create`).
 What differs: the default endpoint is the proxy's socket, the default timeout is 10 s (crictl: 2 s,
 too short for RunPodSandbox on a busy node), and `--bypass` talks to the runtime behind the proxy.
+The proxy's own views (`cpusets`, `status`, ...) are asked on its admin socket: `--admin-endpoint`
+(env `CRI_PROXY_ADMIN_ENDPOINT`), by default admin.sock beside the runtime endpoint.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import Any, NamedTuple
 
 from cri_proxy.ctl.errors import CtlError
 from cri_proxy.defaults import DEFAULT_CONFIG_FILE, DEFAULT_LISTEN
+from cri_proxy.endpoints import DEFAULT_ADMIN_ENDPOINT, admin_endpoint_beside
 
 DEFAULT_CRICTL_CONFIG = Path("/etc/crictl.yaml")
 DEFAULT_TIMEOUT = 10.0
 ENV_RUNTIME = "CONTAINER_RUNTIME_ENDPOINT"
 ENV_IMAGE = "IMAGE_SERVICE_ENDPOINT"
 ENV_CONFIG = "CRI_CONFIG_FILE"
+ENV_ADMIN = "CRI_PROXY_ADMIN_ENDPOINT"
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -39,6 +43,7 @@ class Settings(NamedTuple):
     debug: bool = False
     bypass: bool = False
     pull_image_on_create: bool = False
+    admin_endpoint: str = DEFAULT_ADMIN_ENDPOINT  # the proxy's own views (cpusets, status, ...)
 
     @property
     def role(self) -> str:
@@ -128,6 +133,12 @@ def add_global_flags(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"the proxy's TOML config, read by --bypass (default {DEFAULT_CONFIG_FILE})",
     )
+    parser.add_argument(
+        "--admin-endpoint",
+        metavar="ENDPOINT",
+        help=f"the proxy's admin socket, for cpusets/snapshot/plan/status/pools/problems (env {ENV_ADMIN}; "
+        f"default: admin.sock beside the runtime endpoint, {DEFAULT_ADMIN_ENDPOINT})",
+    )
 
 
 def read_crictl_config(path: Path, explicit: bool) -> dict[str, Any]:
@@ -192,6 +203,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     else:
         timeout = DEFAULT_TIMEOUT
     debug = bool(args.debug) if args.debug is not None else bool(file.get("debug", False))
+    admin: str = args.admin_endpoint or env.get(ENV_ADMIN) or admin_endpoint_beside(runtime)
     if args.bypass:
         for flag, value in (
             ("--runtime-endpoint", args.runtime_endpoint),
@@ -207,4 +219,5 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         debug=debug,
         bypass=bool(args.bypass),
         pull_image_on_create=bool(file.get("pull-image-on-create", False)),
+        admin_endpoint=admin,
     )

@@ -1,10 +1,12 @@
 """What only the proxy knows, from its introspection service (`/cri_proxy.v1.Introspect/<Method>`,
-JSON answers): `cpusets`, `snapshot`, `plan`, `status`, `pools`, `problems`."""
+JSON answers) on its admin socket: `cpusets`, `snapshot`, `plan`, `status`, `pools`, `problems`."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import socket
 from typing import Any
 
 import grpc
@@ -16,25 +18,54 @@ from cri_proxy.ctl.output import plain_table, to_yaml
 INTROSPECT = "/cri_proxy.v1.Introspect/"
 
 
+def admin_trouble(endpoint: str) -> str | None:
+    """Why the admin socket at `endpoint` cannot be used, in one line; None when it accepts."""
+    from cri_proxy.endpoints import socket_path
+    from cri_proxy.errors import EndpointError
+
+    try:
+        path = socket_path(endpoint)
+    except EndpointError as exc:
+        return f"--admin-endpoint: {exc}"
+    if path is None:
+        return f"the proxy's admin socket must be a unix:// endpoint, not {endpoint!r} (--admin-endpoint)"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2.0)
+        try:
+            sock.connect(str(path))
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                return (
+                    f"permission denied on the proxy's admin socket {path} "
+                    "(root only, unless the proxy's admin_socket_group names one of your groups)"
+                )
+            hint = "is cri-proxy running? --admin-endpoint names another socket"
+            return f"cannot reach the proxy's admin socket {path} ({hint}): {exc.strerror or exc}"
+    return None
+
+
 def ask(conn: Conn, method: str, command_name: str) -> Any:
-    """The JSON the proxy's introspection `method` answers."""
+    """The JSON the proxy's introspection `method` answers, asked on its admin socket."""
     s = conn.settings
     if s.bypass:
         raise CtlError(f"`{command_name}` asks the proxy itself; it cannot be used with --bypass")
-    client = conn.client(s.runtime_endpoint)
-    conn.debug(f"{INTROSPECT}{method}")
+    endpoint = s.admin_endpoint
+    conn.debug(f"{INTROSPECT}{method} on {endpoint}")
     try:
+        client = conn.client(endpoint)
         reply: bytes = client.raw(INTROSPECT + method, b"", timeout=s.timeout)
     except grpc.RpcError as exc:
         if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-            raise CtlError(f"{s.runtime_endpoint} is not a cri-proxy (no introspection service)") from None
-        raise CtlError(describe(exc, s.runtime_endpoint, "proxy", s.timeout)) from None
+            raise CtlError(f"{endpoint} is not a cri-proxy admin socket (no introspection service)") from None
+        if exc.code() is grpc.StatusCode.UNAVAILABLE:
+            trouble = admin_trouble(endpoint)
+            if trouble is not None:
+                raise CtlError(trouble) from None
+        raise CtlError(describe(exc, endpoint, "proxy", s.timeout)) from None
     try:
         return json.loads(reply)
     except ValueError:
-        raise CtlError(
-            f"the proxy at {s.runtime_endpoint} answered {method} with something not JSON"
-        ) from None
+        raise CtlError(f"the proxy at {endpoint} answered {method} with something not JSON") from None
 
 
 def _dump(data: Any, fmt: str = "json") -> None:

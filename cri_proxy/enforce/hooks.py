@@ -8,12 +8,14 @@ decided cpuset; the sandbox and container life-cycle calls keep the state and wa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 from loguru import logger
 
+from cri_proxy.config import Config
 from cri_proxy.cpu import ProblemKind, QoS
 from cri_proxy.cpu.decide import ContainerDecision
 from cri_proxy.enforce.policy import Policy
@@ -57,21 +59,28 @@ class EnforceHooks:
         state: NodeState,
         policy: Policy,
         reconciler: Reconciler,
-        *,
-        fail_policy: FailPolicy = FailPolicy.IGNORE,
-        dry_run: bool = False,
-        exclusive_wait: float = 5.0,
+        settings: Callable[[], Config],
     ) -> None:
         self.state = state
         self.policy = policy
         self.reconciler = reconciler
-        self.fail_policy = fail_policy
-        self.dry_run = dry_run
-        self.exclusive_wait = exclusive_wait
+        self.settings = settings  # read per call: a reload swaps it whole
         self.injected: dict[str, int] = {}  # QoS -> count, for metrics and tests
         self.exclusive_timeouts = 0
         # sandboxes first seen in a CreateContainer's sandbox_config, until the runtime confirms them
         self._learned: set[str] = set()
+
+    @property
+    def fail_policy(self) -> FailPolicy:
+        return FailPolicy(self.settings().fail_policy)
+
+    @property
+    def dry_run(self) -> bool:
+        return self.settings().dry_run
+
+    @property
+    def exclusive_wait(self) -> float:
+        return self.settings().exclusive_wait_seconds
 
     def register(self, table: HookTable) -> None:
         table.register("RunPodSandbox", post=self.run_pod_sandbox)

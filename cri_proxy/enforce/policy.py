@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
 
+from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Topology, decide
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
@@ -18,23 +20,30 @@ class Policy:
         self,
         state: NodeState,
         topology: Topology,
-        reserved: CPUSet,
-        system: CPUSet,
+        settings: Callable[[], Config],
         kubelet: KubeletStateFile | None = None,
         api: KubeApiWatcher | None = None,
     ) -> None:
         self.state = state
         self.topology = topology
-        self.reserved = reserved
-        self.system = system
+        self.settings = settings  # reserved and system CPUs; a reload swaps the object, see plan()
         self.kubelet = kubelet
         self.api = api
         self._facts_version = 0
-        self._cached: tuple[tuple[int, int], Plan] | None = None
+        self._cached: tuple[int, int, Config, Plan] | None = None
 
     def facts_changed(self) -> None:
-        """Call after changing topology, reserved/system CPUs, the kubelet state or a source's problem."""
+        """Call after changing the topology, the kubelet state or a source's problem. Not for
+        settings: a reload swaps the settings object, which `plan()` notices by itself."""
         self._facts_version += 1
+
+    @property
+    def reserved(self) -> CPUSet:
+        return CPUSet.parse(self.settings().reserved_cpus)
+
+    @property
+    def system(self) -> CPUSet:
+        return CPUSet.parse(self.settings().system_cpus)
 
     def inputs(self) -> NodeInputs:
         kubelet = self.kubelet
@@ -53,10 +62,11 @@ class Policy:
         )
 
     def plan(self) -> Plan:
-        key = (self.state.generation, self._facts_version)
-        if self._cached is None or self._cached[0] != key:
-            self._cached = (key, self._explain(decide(self.inputs())))
-        return self._cached[1]
+        generation, facts, settings = self.state.generation, self._facts_version, self.settings()
+        cached = self._cached
+        if cached is None or cached[:2] != (generation, facts) or cached[2] is not settings:
+            cached = self._cached = (generation, facts, settings, self._explain(decide(self.inputs())))
+        return cached[3]
 
     def _explain(self, plan: Plan) -> Plan:
         """Say in `why` when a pod's QoS label or allocation came from the Kubernetes API, not CRI."""

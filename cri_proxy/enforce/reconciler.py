@@ -18,6 +18,7 @@ from loguru import logger
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from cri_api.v1 import api_pb2 as v1
+from cri_proxy.config import Config
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.state.model import UPDATABLE_STATES, ContainerRecord, NodeState
@@ -66,19 +67,15 @@ class Reconciler:
         state: NodeState,
         policy: Policy,
         send: SendUpdate,
+        settings: Callable[[], Config],
         *,
-        concurrency: int = 8,
-        period: float = 30.0,
-        dry_run: bool = False,
         attempts: int = 4,
         read_actual: ReadCpuset | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
         self.send = send
-        self.concurrency = concurrency
-        self.period = period
-        self.dry_run = dry_run
+        self.settings = settings  # concurrency, period, dry-run: read when used, a reload swaps them
         self.attempts = attempts
         self.read_actual = read_actual
         self.totals = Totals()
@@ -86,6 +83,18 @@ class Reconciler:
         self._completed = 0
         self._wake = asyncio.Event()
         self._done = asyncio.Condition()
+
+    @property
+    def concurrency(self) -> int:
+        return self.settings().reconcile_concurrency
+
+    @property
+    def period(self) -> float:
+        return self.settings().reconcile_period_seconds
+
+    @property
+    def dry_run(self) -> bool:
+        return self.settings().dry_run
 
     def request(self) -> int:
         self._requested += 1

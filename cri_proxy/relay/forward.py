@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeAlias
 
@@ -106,15 +106,19 @@ class Forwarder(GenericHandler):
         channel: grpc.aio.Channel,
         runtime_endpoint: str,
         hooks: HookTable | None = None,
-        fail_policy: FailPolicy = FailPolicy.IGNORE,
+        fail_policy: Callable[[], FailPolicy] = lambda: FailPolicy.IGNORE,
     ) -> None:
         self._channel = channel
         self._endpoint = runtime_endpoint
         self._hooks = hooks if hooks is not None else HookTable()
-        self.fail_policy = fail_policy
+        self._fail_policy = fail_policy  # read per call: a reload may change it
         self.observer: CallObserver | None = None  # set before serving; read when handlers are made
         self._handlers: dict[str, Handler] = {}
         self._unknown = 0
+
+    @property
+    def fail_policy(self) -> FailPolicy:
+        return self._fail_policy()
 
     # -- handler table ---------------------------------------------------------------------
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Handler | None:

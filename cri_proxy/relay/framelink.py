@@ -28,11 +28,9 @@ from cri_proxy.relay.methods import KNOWN, Shape
 
 
 class _FrameLink(_HookedStreams):
-    """A Link's frame relay, both ways (the connection's life and routing are Link's, in fastpath.py)."""
+    """A Link's frame relay, both ways (the connection's life is Link's, in fastpath.py)."""
 
     if TYPE_CHECKING:  # Link's (fastpath.py)
-
-        def _move(self, sid: int, path: str) -> int: ...
 
         def close(self) -> None: ...
 
@@ -70,14 +68,8 @@ class _FrameLink(_HookedStreams):
                 action = self._client_headers(ftype, flags, sid, buf, off + h2.HEADER_LEN, end)
             elif ftype == h2.RST_STREAM:
                 action = self._client_reset(sid)
-            elif ftype == h2.SETTINGS:
-                if not flags & h2.ACK:
-                    action = self._client_settings(buf[off + h2.HEADER_LEN : end])
-                elif self.ack_owed:  # the ACK of our own SETTINGS (see _sniff): not the runtime's
-                    self.ack_owed = False
-                    action = _SKIP
-                else:
-                    action = _PASS
+            elif ftype == h2.SETTINGS and not flags & h2.ACK:
+                action = self._client_settings(buf[off + h2.HEADER_LEN : end])
             else:
                 action = _PASS
             if action == _PASS and (self.backlog or flow > self.conn_window):
@@ -122,9 +114,6 @@ class _FrameLink(_HookedStreams):
         path = ""
         if headers is not None:
             path = (h2.header_value(headers, b":path") or b"").decode("utf-8", "replace")
-            internal = self.relay.internal
-            if self.moving or (internal is not None and internal.owns(path)):
-                return self._move(sid, path)
         self.last_stream = sid
         st = _Stream(sid)
         self.streams[sid] = st
@@ -197,9 +186,6 @@ class _FrameLink(_HookedStreams):
     # -- runtime -> client --------------------------------------------------------------------
     def from_runtime(self, data: bytes) -> None:
         if self.client is None or self.closed:
-            return
-        if self.piped:
-            self.client.write(data)
             return
         if self.r_buf:
             self.r_buf += data
@@ -393,9 +379,6 @@ class _FrameLink(_HookedStreams):
         """End every open call with UNAVAILABLE naming the runtime, then GOAWAY and close."""
         self.runtime = None
         if self.closed or self.client is None:
-            return
-        if self.piped:  # the internal server closed the connection: so does its client
-            self.client.close()
             return
         reason = f": {exc}" if exc else ""
         self._end_open_calls(f"lost the connection to runtime {self.relay.endpoint}{reason}")

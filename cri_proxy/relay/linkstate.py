@@ -145,15 +145,6 @@ class _LinkState(asyncio.Protocol):
         self.credit: dict[int, int] = {}  # stream (0: connection) -> WINDOW_UPDATE owed to the client
         self.tasks: set[asyncio.Task[None]] = set()
         self.goaway_forwarded = False  # the runtime's GOAWAY went to the client: send none of ours
-        # routing by the first request (only when the relay has an internal server)
-        self.sniff: bytearray | None = None  # client bytes while its first request is awaited
-        self.s_off = 0  # how far `sniff` has been parsed
-        self.s_frags: list[bytes] = []  # the first header block so far
-        self.timer: asyncio.TimerHandle | None = None
-        self.piped = False  # connected to the internal server: bytes pass both ways unparsed
-        self.ack_owed = False  # the client's ACK of our own SETTINGS is still to be taken out
-        self.moving = False  # a request for our own services came: GOAWAY sent, new streams refused
-        self.pid: int | None = None  # the client's process
 
     def _spawn(self, coro: Any) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import grp
 import os
-import shutil
 import signal
-import tempfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import grpc
 import grpc.aio
 from loguru import logger
 
 from cri_proxy.config import Config
-from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, socket_path
+from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, secure_socket, socket_path
 from cri_proxy.errors import EndpointError
-from cri_proxy.relay.fastpath import FrameRelay, InternalRoute, bind_unix
+from cri_proxy.relay.fastpath import FrameRelay, bind_unix
 from cri_proxy.relay.forward import FailPolicy, Forwarder
 from cri_proxy.relay.hooks import HookTable
 
 SOCKET_MODE = 0o660
-INTERNAL_SOCKET_MODE = 0o600
-_SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes; longer internal socket paths go to a temp dir
 
 
 def channel_options(config: Config) -> list[tuple[str, int]]:
@@ -47,75 +41,38 @@ def server_options(config: Config) -> list[tuple[str, int]]:
     ]
 
 
-class _Details(NamedTuple):
-    """A grpc.HandlerCallDetails for asking a handler whether it answers a path."""
-
-    method: str
-    invocation_metadata: tuple[tuple[str, str], ...] = ()
-
-
-def own_paths(
-    handlers: Iterable[grpc.GenericRpcHandler[Any, Any]], services: tuple[str, ...] = ()
-) -> Callable[[str], bool]:
-    """Which request paths the proxy answers itself: those of `services`, else what a handler answers."""
-    if services:
-        prefixes = tuple(f"/{name}/" for name in services)
-        return lambda path: path.startswith(prefixes)
-    found = tuple(handlers)
-
-    def owns(path: str) -> bool:
-        details = _Details(path)
-        return any(h.service(details) is not None for h in found)  # type: ignore[arg-type]
-
-    return owns
-
-
 class Relay:
-    """The running proxy server: `start()`, then `wait()` or `stop()`.
+    """The running proxy server on the CRI socket: `start()`, then `wait()` or `stop()`.
 
-    relay_mode "grpc": one grpc.aio server with the extra handlers and the forwarder on `listen`.
-    relay_mode "frames": the frame relay on `listen`; with extra handlers, a connection whose first
-    request is for one of them is piped to that same grpc.aio server on a private socket instead
-    (`.<name>.internal` beside the listen socket), which answers it and forwards any CRI call the
-    connection makes later, as relay_mode "grpc" does.
+    relay_mode "grpc": a grpc.aio server carrying the forwarder alone on `listen`.
+    relay_mode "frames": the frame relay on `listen` (fastpath.py). Either way the socket carries
+    CRI only: the proxy's own services are on the admin socket (cri_proxy/daemon/admin.py).
     """
 
     def __init__(
-        self,
-        config: Config,
-        hooks: HookTable | None = None,
-        extra_handlers: tuple[grpc.GenericRpcHandler[Any, Any], ...] = (),
-        own_services: tuple[str, ...] = (),
+        self, config: Config, hooks: HookTable | None = None, settings: Callable[[], Config] | None = None
     ) -> None:
-        self.config = config
+        self.config = config  # what the relay was started with; `settings()` is what runs now
+        self.settings = settings or (lambda: config)
         self.channel = grpc.aio.insecure_channel(
             grpc_target(config.runtime_endpoint), options=channel_options(config)
         )
         self.forwarder = Forwarder(
-            self.channel, config.runtime_endpoint, hooks, FailPolicy(config.fail_policy)
+            self.channel, config.runtime_endpoint, hooks, lambda: FailPolicy(self.settings().fail_policy)
         )
         self.server = grpc.aio.server(options=server_options(config))
-        # Our own services (health, introspection) first; the forwarder answers everything else.
-        self.server.add_generic_rpc_handlers((*extra_handlers, self.forwarder))
+        self.server.add_generic_rpc_handlers((self.forwarder,))
         self._socket = socket_path(config.listen)
         self._bound = False  # only a socket we bound is ours to remove
         self._stopped = asyncio.Event()
         # relay_mode "frames": HTTP/2 frames relayed per connection (fastpath.py) instead of self.server
         self.frames: FrameRelay | None = None
-        self.internal: InternalRoute | None = None  # frames mode with extra handlers: self.server's route
-        self._internal_dir: Path | None = None  # a temp dir we made for the internal socket
         if config.relay_mode == "frames":
             if self._socket is None:
                 raise EndpointError(f"relay_mode 'frames' needs a unix:// listen endpoint: {config.listen!r}")
-            if extra_handlers:
-                self.internal = InternalRoute(own_paths(extra_handlers, own_services))
             # fail policy and metrics observer are read from the forwarder, where serve.py sets them
             self.frames = FrameRelay(
-                config,
-                hooks,
-                lambda: self.forwarder.fail_policy,
-                lambda: self.forwarder.observer,
-                internal=self.internal,
+                config, hooks, lambda: self.forwarder.fail_policy, lambda: self.forwarder.observer
             )
 
     async def start(self) -> None:
@@ -127,14 +84,12 @@ class Relay:
                 self._bound = True
             finally:
                 os.umask(old)
-            self._secure_socket(self._socket)
             try:
-                if self.internal is not None:
-                    await self._start_internal(self._socket)
+                self._secure_socket(self._socket)
                 await self.frames.start(sock)
             except BaseException:
                 sock.close()
-                self._remove_sockets()
+                self._remove_socket()
                 raise
             config = self.config
             logger.info("cri-proxy relaying frames on {} -> {}", config.listen, config.runtime_endpoint)
@@ -153,35 +108,9 @@ class Relay:
         await self.server.start()
         logger.info("cri-proxy serving on {} -> runtime {}", self.config.listen, self.config.runtime_endpoint)
 
-    async def _start_internal(self, listen: Path) -> None:
-        """The grpc.aio server (own services + forwarder) on a socket only this user may use."""
-        assert self.internal is not None
-        path = listen.parent / f".{listen.name}.internal"
-        if len(str(path)) > _SUN_PATH_MAX:
-            self._internal_dir = Path(tempfile.mkdtemp(prefix="cri-proxy-"))  # 0700
-            path = self._internal_dir / "internal.sock"
-        prepare_listen_socket(path, allow_world_writable_dir=True)  # a stale one goes; never a live one
-        old = os.umask(0o177)
-        try:
-            bound = self.server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as exc:
-            raise EndpointError(f"cannot listen on internal socket {path}: {exc}") from exc
-        finally:
-            os.umask(old)
-        if not bound:
-            raise EndpointError(f"cannot listen on internal socket {path}")
-        self.internal.path = str(path)
-        os.chmod(path, INTERNAL_SOCKET_MODE)
-        await self.server.start()
-
-    def _remove_sockets(self) -> None:
+    def _remove_socket(self) -> None:
         if self._socket is not None and self._bound:
             remove_socket(self._socket)
-        if self.internal is not None and self.internal.path:
-            remove_socket(Path(self.internal.path))
-        if self._internal_dir is not None:
-            shutil.rmtree(self._internal_dir, ignore_errors=True)
-            self._internal_dir = None
 
     def _bind(self) -> None:
         target = grpc_target(self.config.listen)
@@ -193,27 +122,20 @@ class Relay:
             raise EndpointError(f"cannot listen on {self.config.listen}")
 
     def _secure_socket(self, path: Path) -> None:
-        os.chmod(path, SOCKET_MODE)
-        if self.config.socket_group:
-            try:
-                gid = grp.getgrnam(self.config.socket_group).gr_gid
-            except KeyError:
-                raise EndpointError(f"socket_group: no group named {self.config.socket_group!r}") from None
-            os.chown(path, 0 if os.geteuid() == 0 else -1, gid)
+        secure_socket(path, SOCKET_MODE, self.config.socket_group, "socket_group")
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let in-flight calls finish within the grace, remove the socket."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        grace = self.config.shutdown_grace_seconds if grace is None else grace
+        grace = self.settings().shutdown_grace_seconds if grace is None else grace
         if self.frames is not None:  # relay_mode "frames"
-            internal_stop = self.server.stop if self.internal is not None else None
-            await self.frames.stop(grace, internal_stop)
+            await self.frames.stop(grace)
         else:
             await self.server.stop(grace)
         await self.channel.close(None)
-        self._remove_sockets()
+        self._remove_socket()
         logger.info("cri-proxy stopped")
 
     async def wait(self) -> None:

@@ -2,17 +2,123 @@
 
 A cheap poll of (inode, size, mtime) instead of inotify: kubelet rewrites the file by rename, and
 a poll also sees a file that appears, disappears or is replaced while the proxy was down.
+
+The file is read in a worker thread, never on the event loop, and only when it is a regular file
+of at most `MAX_BYTES`: it is opened non-blocking and checked with fstat before a byte is read, so
+a FIFO, a device such as /dev/zero (also behind a symlink), a directory or a runaway file becomes
+a reported problem instead of a frozen or bloated proxy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from cri_proxy.cpu import KubeletState, Problem, ProblemKind, parse_kubelet_state_text
 from cri_proxy.errors import KubeletStateError
 
-MAX_BYTES = 4 * 1024 * 1024  # a real file is a few KiB; never read a runaway one whole
+MAX_BYTES = 1024 * 1024
+"""1 MiB: a real file is a few KiB (a 256-CPU node with hundreds of pinned containers stays far below)."""
+
+Signature = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """No file: as if the kubelet had no static policy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unchanged:
+    """Same inode, size and mtime as the last read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    signature: Signature
+    state: KubeletState
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    signature: Signature | None
+    message: str
+
+
+Outcome = Missing | Unchanged | Read | Unusable
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _signature(st: os.stat_result) -> Signature:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_regular(path: Path, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes; else OSError/ValueError.
+
+    Opened with O_NONBLOCK (a FIFO opens at once instead of waiting for a writer) and checked with
+    fstat on the open descriptor (no swap between a check and the open); reads at most limit + 1.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{path} is {st.st_size} bytes, more than the {limit} read")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # it grew after the fstat
+            raise ValueError(f"{path} is more than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def load(path: Path, seen: Signature | None) -> Outcome:
+    """One poll's I/O and parse, for a worker thread: touches nothing shared."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return Missing()
+    except OSError as exc:
+        return Unusable(None, f"cannot stat {path}: {exc.strerror}")
+    signature = _signature(st)
+    if signature == seen:
+        return Unchanged()
+    if not stat.S_ISREG(st.st_mode):
+        return Unusable(signature, f"{path} is {_kind(st.st_mode)}, not a regular file")
+    try:
+        text = read_regular(path)
+    except ValueError as exc:
+        return Unusable(signature, str(exc))
+    except OSError as exc:
+        return Unusable(signature, f"cannot read {path}: {exc.strerror}")
+    try:
+        return Read(signature, parse_kubelet_state_text(text))
+    except KubeletStateError as exc:
+        return Unusable(signature, f"{path}: {exc}")
 
 
 class KubeletStateFile:
@@ -22,34 +128,26 @@ class KubeletStateFile:
         self.path = Path(path)
         self.state: KubeletState | None = None
         self.problem: Problem | None = None
-        self._seen: tuple[int, int, int] | None = None
+        self._seen: Signature | None = None
 
-    def poll(self) -> bool:
-        """Re-read when the file changed; True when `state` or `problem` changed."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            changed = self._seen is not None or self.state is not None or self.problem is not None
-            self._seen, self.state, self.problem = None, None, None  # missing: as if no static policy
-            return changed
-        except OSError as exc:
-            return self._bad(f"cannot stat {self.path}: {exc.strerror}")
-        signature = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if signature == self._seen:
+    async def refresh(self) -> bool:
+        """Re-read (in a worker thread) when the file changed; True when `state` or `problem` changed."""
+        return self.take(await asyncio.to_thread(load, self.path, self._seen))
+
+    def take(self, outcome: Outcome) -> bool:
+        """Apply one poll's outcome; True when `state` or `problem` changed."""
+        if isinstance(outcome, Unchanged):
             return False
-        self._seen = signature
-        if st.st_size > MAX_BYTES:
-            return self._bad(f"{self.path} is {st.st_size} bytes, more than {MAX_BYTES}")
-        try:
-            text = self.path.read_bytes()
-        except OSError as exc:
-            return self._bad(f"cannot read {self.path}: {exc.strerror}")
-        try:
-            state = parse_kubelet_state_text(text)
-        except KubeletStateError as exc:
-            return self._bad(f"{self.path}: {exc}")
-        changed = state != self.state or self.problem is not None
-        self.state, self.problem = state, None
+        if isinstance(outcome, Missing):
+            changed = self._seen is not None or self.state is not None or self.problem is not None
+            self._seen, self.state, self.problem = None, None, None
+            return changed
+        if isinstance(outcome, Unusable):
+            self._seen = outcome.signature
+            return self._bad(outcome.message)
+        self._seen = outcome.signature
+        changed = outcome.state != self.state or self.problem is not None
+        self.state, self.problem = outcome.state, None
         return changed
 
     def _bad(self, message: str) -> bool:

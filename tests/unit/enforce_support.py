@@ -42,12 +42,14 @@ def fake_sysfs(root: Path, numa: Mapping[int, str]) -> Path:
 
 @dataclass
 class Node:
-    """A proxy on a node: `call(...)` talks CRI through the proxy, `fake` is the runtime inside."""
+    """A proxy on a node: `call(...)` talks CRI through the proxy, `fake` is the runtime inside;
+    `admin` is a channel to the proxy's admin socket (introspection, health)."""
 
     dir: Path
     proxy: Proxy
     fake: FakeRuntime
     channel: grpc.aio.Channel
+    admin: grpc.aio.Channel
     pb: Any = v1
 
     def stub(self) -> Any:
@@ -117,7 +119,7 @@ class Node:
         assert await self.proxy.reconciler.wait_for(ticket, 10)
 
     async def introspect(self, method: str) -> Any:
-        reply = await self.channel.unary_unary(f"/cri_proxy.v1.Introspect/{method}", None, None)(b"")
+        reply = await self.admin.unary_unary(f"/cri_proxy.v1.Introspect/{method}", None, None)(b"")
         return json.loads(reply)
 
 
@@ -160,10 +162,12 @@ async def node(
     proxy = Proxy(Config(**settings).validate())
     await proxy.start()
     channel = grpc.aio.insecure_channel(settings["listen"])
+    admin = grpc.aio.insecure_channel(proxy.config.admin_endpoint)
     try:
-        yield Node(tmp, proxy, fake, channel)
+        yield Node(tmp, proxy, fake, channel, admin)
     finally:
         await channel.close(None)
+        await admin.close(None)
         await proxy.stop()
         if own_fake:
             await fake.stop(0)

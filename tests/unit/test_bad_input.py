@@ -16,6 +16,7 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -197,8 +198,8 @@ class LiveNode:
             self.loop.close()
 
     def set_fail_policy(self, policy: FailPolicy) -> None:
-        proxy = self.node.proxy
-        proxy.hooks.fail_policy = proxy.relay.forwarder.fail_policy = policy
+        settings = self.node.proxy.settings
+        settings.swap(replace(settings.current, fail_policy=policy.value))
 
 
 def call(channel: grpc.Channel, path: str, raw: bytes) -> tuple[grpc.StatusCode, str]:
@@ -437,7 +438,7 @@ def test_non_utf8_annotation_is_a_request_that_does_not_decode(tmp_path: Path) -
             generation = n.proxy.state.generation
             direct = grpc.aio.insecure_channel(n.fake.opts.listen)
             for policy in FailPolicy:
-                n.proxy.hooks.fail_policy = n.proxy.relay.forwarder.fail_policy = policy
+                n.proxy.settings.swap(replace(n.proxy.settings.current, fail_policy=policy.value))
                 for method, raw in (("RunPodSandbox", run_raw), ("CreateContainer", create_raw)):
                     path = f"/runtime.v1.RuntimeService/{method}"
                     with pytest.raises(grpc.aio.AioRpcError) as error:

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -187,10 +188,16 @@ def test_metrics_listener_is_off_by_default(tmp_path: Path) -> None:
         daemon.stop()
 
 
-def test_grpc_health_service_on_the_proxy_socket(tmp_path: Path) -> None:
+def test_grpc_health_service_on_the_admin_socket(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, "")
     try:
-        with grpc.insecure_channel(f"unix://{daemon.sock}") as channel:
+        admin = daemon.sock.parent / "admin.sock"
+        assert stat.S_IMODE(admin.stat().st_mode) == 0o600
+        with grpc.insecure_channel(f"unix://{daemon.sock}") as cri:  # the CRI socket: CRI alone
+            with pytest.raises(grpc.RpcError) as err:
+                cri.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=5)
+            assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED  # the runtime's answer
+        with grpc.insecure_channel(f"unix://{admin}") as channel:
             check = channel.unary_unary("/grpc.health.v1.Health/Check")
             _wait(lambda: check(b"", timeout=5) == b"\x08\x01", what="SERVING")
 

@@ -11,6 +11,7 @@ import grpc.aio
 import pytest
 
 from cri_api.v1 import api_pb2 as v1
+from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, Topology
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
@@ -52,9 +53,14 @@ def node_with(ls_containers: int, lsr_cpus: str | None = "0-1") -> NodeState:
     return state
 
 
+SETTING = {"concurrency": "reconcile_concurrency", "period": "reconcile_period_seconds", "dry_run": "dry_run"}
+
+
 def reconciler(state: NodeState, send: Recorder, **options: Any) -> Reconciler:
-    """A reconciler for `state` on TOPOLOGY, nothing reserved, updates sent to `send`."""
-    return Reconciler(state, Policy(state, TOPOLOGY, CPUSet(), CPUSet()), send, **options)
+    """A reconciler for `state` on TOPOLOGY, nothing reserved, updates sent to `send`; `options` are
+    settings by their short names (concurrency, period, dry_run) or Reconciler arguments."""
+    settings = Config(**{SETTING[k]: options.pop(k) for k in list(options) if k in SETTING})
+    return Reconciler(state, Policy(state, TOPOLOGY, lambda: settings), send, lambda: settings, **options)
 
 
 class Recorder:

@@ -1,0 +1,71 @@
+"""The admin socket: the proxy's own gRPC services (introspection for `ctl`, grpc.health.v1).
+
+Why a socket of its own: the CRI socket then carries CRI alone, so the relay never has to look at
+a connection's requests to decide who answers them. The admin socket is root-only by default
+(0600): the views show every pod on the node. `admin_socket_group` opens it to one group (0660).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+from loguru import logger
+
+from cri_proxy.config import Config
+from cri_proxy.endpoints import prepare_listen_socket, remove_socket, secure_socket, socket_path
+from cri_proxy.errors import EndpointError
+
+ADMIN_SOCKET_MODE = 0o600
+ADMIN_GROUP_SOCKET_MODE = 0o660
+
+
+class AdminServer:
+    """A small grpc.aio server on the admin socket: `check()`, `start()`, `stop(grace)`."""
+
+    def __init__(self, config: Config, handlers: tuple[grpc.GenericRpcHandler[Any, Any], ...]) -> None:
+        self.endpoint = config.admin_endpoint
+        path = socket_path(self.endpoint)
+        if path is None:  # Config.validate refuses this; a Config built by hand may still hold it
+            raise EndpointError(f"admin_listen: must be a unix:// socket, not {self.endpoint!r}")
+        self.path: Path = path
+        self.group = config.admin_socket_group
+        self.allow_world_writable_dir = config.allow_world_writable_socket_dir
+        self.server = grpc.aio.server()
+        self.server.add_generic_rpc_handlers(handlers)
+        self._bound = False  # only a socket we bound is ours to remove
+
+    def check(self) -> None:
+        """Refuse a live owner, a symlink or a non-socket at the admin path now (start does it again)."""
+        prepare_listen_socket(self.path, self.allow_world_writable_dir)
+
+    async def start(self) -> None:
+        prepare_listen_socket(self.path, self.allow_world_writable_dir)
+        old = os.umask(0o177)  # born 0600: no moment where others may connect
+        try:
+            bound = self.server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as exc:
+            raise EndpointError(f"cannot listen on the admin socket {self.path}: {exc}") from exc
+        finally:
+            os.umask(old)
+        if not bound:
+            raise EndpointError(f"cannot listen on the admin socket {self.path}")
+        self._bound = True
+        try:
+            mode = ADMIN_GROUP_SOCKET_MODE if self.group else ADMIN_SOCKET_MODE
+            secure_socket(self.path, mode, self.group, "admin_socket_group")
+            await self.server.start()
+        except BaseException:
+            remove_socket(self.path)
+            self._bound = False
+            raise
+        logger.info("admin socket (introspection, health) on {}", self.endpoint)
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.server.stop(grace)
+        if self._bound:
+            remove_socket(self.path)
+            self._bound = False
