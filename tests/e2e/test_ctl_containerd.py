@@ -327,3 +327,19 @@ def test_attach_streams_the_running_containers_output(
         attached.wait(10)
     out = ctl(proxy, "attach", "-t", cid, check=False)  # crictl's rule: a terminal needs stdin
     assert out.returncode == 1 and "tty=true must be specified with interactive=true" in out.stderr
+
+
+def test_run_makes_a_pod_and_starts_its_container(
+    containerd: PrivateContainerd, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    files = Files(tmp_path, containerd, "run")
+    out = ctl(proxy, "run", "--no-pull", str(files.container_file), str(files.pod_file))
+    cid = out.stdout.strip()
+    status = json.loads(ctl(proxy, "inspect", cid).stdout)["status"]
+    assert status["state"] == "CONTAINER_RUNNING" and status["metadata"]["name"] == "app"
+    sandbox = json.loads(ctl(proxy, "inspect", cid).stdout)["info"]["sandboxID"]
+    assert ctl(proxy, "pods", "-q", "--name", "^run$").stdout.split() == [sandbox]
+    out = ctl(
+        proxy, "run", "--no-pull", "--with-pull", str(files.container_file), str(files.pod_file), check=False
+    )
+    assert out.returncode == 1 and "conflict: no-pull and with-pull are both set" in out.stderr
