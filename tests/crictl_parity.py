@@ -104,6 +104,21 @@ CASES = (
     Case("bad-flag-value", ("ps", "-n", "many"), "exit"),
     Case("unknown-global-flag", ("--no-such-flag", "version"), "exit"),
     Case("exec-without-command", ("exec", "{cid}"), "exit"),
+    # last: these stop and remove the pod the cases above use
+    Case("rm-running", ("rm", "{cid}"), "exit"),
+    Case("rmp-ready", ("rmp", "{pod}"), "exit"),
+    Case("stop", ("stop", "{cid}")),
+    Case("ps-exited", ("ps", "-a", "--state", "exited"), "table"),
+    Case(
+        "inspect-exited-template",
+        ("inspect", "-o", "go-template", "--template", "{{.status.state}} {{.status.exitCode}}", "{cid}"),
+    ),
+    Case("rm", ("rm", "{cid}")),
+    Case("rm-again", ("rm", "{cid}"), "exit"),
+    Case("stopp", ("stopp", "{pod}")),
+    Case("rmp", ("rmp", "{pod}")),
+    Case("inspectp-removed", ("inspectp", "{pod}"), "exit"),
+    Case("stop-nothing", ("stop",), "exit"),
 )
 
 _ID64 = re.compile(r"\b[0-9a-f]{64}\b")
