@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from cri_proxy.cpu.cpuset import CPUSet
+from cri_proxy.defaults import DEFAULT_CONFIG_FILE as DEFAULT_CONFIG_FILE
+from cri_proxy.defaults import DEFAULT_LISTEN as DEFAULT_LISTEN
+from cri_proxy.defaults import DEFAULT_RUNTIME_ENDPOINT as DEFAULT_RUNTIME_ENDPOINT
 from cri_proxy.endpoints import admin_endpoint_beside, socket_path
 from cri_proxy.errors import ConfigError, CpuError, EndpointError
 
-DEFAULT_CONFIG_FILE = Path("/etc/cri-proxy/config.toml")
-DEFAULT_LISTEN = "unix:///run/cri-proxy/cri-proxy.sock"
-DEFAULT_RUNTIME_ENDPOINT = "unix:///run/containerd/containerd.sock"
 MIB = 1024 * 1024
 
 

@@ -1,7 +1,8 @@
 """`cri-proxy plan --snapshot FILE`: replay a node snapshot through the decision rules.
 
 Same `decide` as the proxy, no runtime, no socket, no root (plan-snapshot.md). JSON for tools,
-`--format table` for people. Exit 2 with one line on stderr when the snapshot cannot be used.
+`-o table` for people, `-o yaml` (`--format`, the old name of `-o`, is still taken). Exit 2 with
+one line on stderr when the snapshot cannot be used.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from cri_proxy.cpu.decide import Plan, decide
-from cri_proxy.cpu.inputs import NodeInputs
-from cri_proxy.cpu.snapshot import load_snapshot, plan_to_json
-from cri_proxy.errors import SnapshotError
+if TYPE_CHECKING:
+    from cri_proxy.cpu.decide import Plan
+    from cri_proxy.cpu.inputs import NodeInputs
 
 EXIT_BAD_SNAPSHOT = 2
 
@@ -28,7 +28,14 @@ def register(sub: Any) -> None:
         description="Read a node snapshot (JSON) and print what the proxy would set for every container.",
     )
     p.add_argument("--snapshot", required=True, metavar="FILE", help="snapshot JSON file, or - for stdin")
-    p.add_argument("--format", choices=("json", "table"), default="json", help="output format (default json)")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json", "yaml"),
+        default="json",
+        help="output format, one of table|json|yaml (default json)",
+    )
+    p.add_argument("--format", dest="output", choices=("table", "json", "yaml"), help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -47,6 +54,10 @@ def _fail(path: str, message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Load, decide, print. 0 on success, 2 for an unreadable or malformed snapshot."""
+    from cri_proxy.cpu.decide import decide
+    from cri_proxy.cpu.snapshot import load_snapshot, plan_to_json
+    from cri_proxy.errors import SnapshotError
+
     path: str = args.snapshot
     try:
         inputs = load_snapshot(_read(path))
@@ -56,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
         return _fail(path, f"bad snapshot: {e}")
     plan = decide(inputs)
     try:
-        if args.format == "table":
+        if args.output == "table":
             write_table(plan, inputs, sys.stdout)
+        elif args.output == "yaml":
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(plan_to_json(plan), sort_keys=False, default_flow_style=False))
         else:
             json.dump(plan_to_json(plan), sys.stdout, indent=2)
             sys.stdout.write("\n")

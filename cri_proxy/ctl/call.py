@@ -57,7 +57,7 @@ def find(name: str, api: str | None) -> Target:
             if pieces[1] not in VERSIONS:
                 raise CtlError(f"unknown CRI API version {pieces[1]!r} in {name!r} (v1 or v1alpha2)")
             if api and api != pieces[1]:
-                raise CtlError(f"{name!r} is runtime.{pieces[1]}, but --api says {api}", code=2)
+                raise CtlError(f"{name!r} is runtime.{pieces[1]}, but --api says {api}")
             version, service_part = pieces[1], pieces[2]
         elif len(pieces) != 1:
             raise CtlError(f"unknown service {service_part!r}: RuntimeService or ImageService", code=1)
@@ -109,7 +109,7 @@ def call(args: argparse.Namespace, conn: Conn) -> int:
                     print(f"runtime.{version}.{service}/{m.name}{shape}")
         return 0
     if not args.method:
-        raise CtlError("give SERVICE/METHOD (`cri-proxy ctl call --list` lists them)", code=2)
+        raise CtlError("give SERVICE/METHOD (`cri-proxy ctl call --list` lists them)")
     target = find(args.method, args.api)
     request_cls = message_factory.GetMessageClass(target.method.input_type)
     response_cls = message_factory.GetMessageClass(target.method.output_type)

@@ -41,7 +41,7 @@ def list_containers(conn: Conn, args: argparse.Namespace, id_prefix: str = "") -
     if args.state:
         key = args.state.lower()
         if key not in STATES:
-            raise CtlError("--state should be one of created, running, exited or unknown", code=2)
+            raise CtlError("--state should be one of created, running, exited or unknown")
         flt.state.state = getattr(pb, STATES[key])
     elif not args.all:
         flt.state.state = pb.CONTAINER_RUNNING
@@ -115,6 +115,8 @@ def inspect(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     named = [resolve.container(conn, text).id for text in args.ids]
     ids = resolve.named_or_listed(named, lambda: list_containers(conn, args))
+    if not ids:
+        return resolve.nothing_found(args)
     docs = []
     for cid in ids:
         r = conn.runtime(
@@ -132,7 +134,7 @@ def inspect(args: argparse.Namespace, conn: Conn) -> int:
         status["finishedAt"] = output.rfc3339nano(s.finished_at) if exited else ZERO_TIME
         docs.append(output.status_document(status, r.info))
     if docs:
-        print(output.documents_output(docs, args.output))
+        print(output.documents_output(docs, args.output, args.template))
     return 0
 
 
@@ -153,14 +155,14 @@ def _status_table(pb: Any, r: Any, verbose: bool) -> None:
         lines.append(f"Exit Code: {s.exit_code}")
     lines += output.labels_block("Labels", s.labels) + output.labels_block("Annotations", s.annotations)
     if verbose:
-        lines.append(f"Info: {dict(r.info)}")
+        lines.append(f"Info: {output.go_map(r.info)}")
     print("\n".join(lines))
 
 
 def create(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     if args.no_pull and args.with_pull:
-        raise CtlError("conflict: no-pull and with-pull are both set", code=2)
+        raise CtlError("conflict: no-pull and with-pull are both set")
     config = load_container_config(pb, args.container_config)
     pod_config = load_pod_config(pb, args.pod_config)
     pod = resolve.pod(conn, args.pod)
@@ -202,7 +204,7 @@ def start(args: argparse.Namespace, conn: Conn) -> int:
 def stop(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     if args.all and args.ids:
-        raise CtlError("cannot specify CONTAINER-ID(s) when using --all", code=2)
+        raise CtlError("cannot specify CONTAINER-ID(s) when using --all")
     texts = list(args.ids)
     if args.all:
         running = [c.id for c in resolve.containers(conn) if c.state == pb.CONTAINER_RUNNING]
@@ -211,7 +213,7 @@ def stop(args: argparse.Namespace, conn: Conn) -> int:
             return 0
         texts = running
     elif not texts:
-        raise CtlError("you must specify at least one CONTAINER-ID or use --all", code=2)
+        raise CtlError("you must specify at least one CONTAINER-ID or use --all")
 
     def act(text: str, c: Any) -> None:
         request = pb.StopContainerRequest(container_id=c.id, timeout=args.stop_timeout)
@@ -241,13 +243,13 @@ def rm(args: argparse.Namespace, conn: Conn) -> int:
     texts = list(args.ids)
     if args.all:
         if texts:
-            raise CtlError("cannot specify CONTAINER-ID(s) when using --all", code=2)
+            raise CtlError("cannot specify CONTAINER-ID(s) when using --all")
         texts = [c.id for c in resolve.containers(conn)]
         if not texts:
             print("No containers to remove", file=sys.stderr)
             return 0
     elif not texts:
-        raise CtlError("give at least one CONTAINER-ID, or --all", code=2)
+        raise CtlError("give at least one CONTAINER-ID, or --all")
 
     def act(text: str, c: Any) -> None:
         status = conn.runtime("ContainerStatus", pb.ContainerStatusRequest(container_id=c.id)).status
@@ -275,48 +277,124 @@ def update(args: argparse.Namespace, conn: Conn) -> int:
         oom_score_adj=args.oom_score_adj,
     )
 
+    request = pb.UpdateContainerResourcesRequest(linux=linux)
+    if args.cpu_count or args.cpu_maximum:  # crictl sends these (Windows only) as given
+        request.windows.cpu_count, request.windows.cpu_maximum = args.cpu_count, args.cpu_maximum
+
     def act(text: str, c: Any) -> None:
         from cri_proxy.ctl.proxy import check_update
 
         check_update(conn, c.id, args.cpuset_cpus, args.force)  # the proxy's word first, unless --bypass
-        conn.runtime(
-            "UpdateContainerResources", pb.UpdateContainerResourcesRequest(container_id=c.id, linux=linux)
-        )
+        request.container_id = c.id
+        conn.runtime("UpdateContainerResources", request)
         print(text)
 
     return _each(args.ids, conn, "updating resources of", act)
 
 
+def _exec_targets(args: argparse.Namespace, conn: Conn) -> tuple[list[str], list[str], bool]:
+    """(container ids as given, the command, print each id first): crictl takes the first word as
+    the container unless a filter flag (--name, --pod, --image, --state, --label, --latest,
+    --last) selects the containers."""
+    words = list(args.cmd)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    filtered = any((args.name, args.pod, args.image, args.state, args.label, args.latest, args.last))
+    if not filtered:
+        return words[:1], words[1:], False
+    args.all, args.namespace = False, None
+    found = list_containers(conn, args)
+    return [c.id for c in found], words, not args.quiet and not args.parallel
+
+
 def exec_(args: argparse.Namespace, conn: Conn) -> int:
+    ids, cmd, show_id = _exec_targets(args, conn)
+    if not ids or not cmd:
+        if ids == [] and cmd:
+            print("cri-proxy ctl: no containers found per filter flags", file=sys.stderr)
+        args.ctl_parser.print_help()
+        return 0
+    failed = 0
+    for text in ids:
+        if show_id:
+            print(text + ":", flush=True)
+        try:
+            if args.sync:
+                _exec_sync(conn, text, cmd, args.exec_timeout)
+            else:
+                _exec_stream(conn, args, text, cmd)
+        except CtlError as exc:
+            if not args.ignore_errors:
+                print(f"cri-proxy ctl: {exc}", file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
+
+
+def _exec_sync(conn: Conn, text: str, cmd: list[str], timeout: int) -> None:
+    """ExecSync as crictl runs it: the output and then the error output, both on stdout, each
+    followed by a newline; a command that fails is an error naming its exit code and stderr."""
     pb = conn.pb
-    if args.interactive or args.tty:
-        raise CtlError(
-            "exec -i/-t needs the streaming server: use crictl; here commands run with ExecSync", code=2
-        )
-    cmd = list(args.cmd)
-    if cmd[:1] == ["--"]:
-        cmd = cmd[1:]
-    if not cmd:
-        raise CtlError("exec: give a COMMAND after the CONTAINER-ID", code=2)
-    c = resolve.container(conn, args.container)
-    deadline = conn.settings.timeout + args.exec_timeout if args.exec_timeout > 0 else None
+    c = resolve.container(conn, text)
+    deadline = conn.settings.timeout + timeout if timeout > 0 else None
     try:
         r = conn.runtime(
-            "ExecSync", pb.ExecSyncRequest(container_id=c.id, cmd=cmd, timeout=args.exec_timeout), deadline
+            "ExecSync", pb.ExecSyncRequest(container_id=c.id, cmd=cmd, timeout=timeout), deadline
         )
     except CtlError as exc:
-        raise CtlError(f"execing command in container {args.container}: {exc}") from None
-    sys.stdout.buffer.write(r.stdout)
+        raise CtlError(f"execing command in container {text} synchronously: {exc}") from None
+    if r.exit_code != 0:
+        raise CtlError(
+            f"execing command in container {text} synchronously: command {' '.join(cmd)!r} "
+            f"exited with {r.exit_code}: {r.stderr.decode(errors='replace')}"
+        )
+    sys.stdout.buffer.write(r.stdout + b"\n" + r.stderr + b"\n")
     sys.stdout.flush()
-    sys.stderr.buffer.write(r.stderr)
-    sys.stderr.flush()
-    return int(r.exit_code)
+
+
+def _exec_stream(conn: Conn, args: argparse.Namespace, text: str, cmd: list[str]) -> None:
+    from cri_proxy.ctl import stream
+
+    pb = conn.pb
+    c = resolve.container(conn, text)
+    request = pb.ExecRequest(
+        container_id=c.id, cmd=cmd, tty=args.tty, stdin=args.interactive, stdout=True, stderr=not args.tty
+    )
+    try:
+        url = conn.runtime("Exec", request).url
+        status = stream.session(url, stream.tls_of(args), conn.settings.timeout, args.interactive, args.tty)
+    except CtlError as exc:
+        raise CtlError(f"execing command in container {text}: {exc}") from None
+    code = stream.exit_code(status)
+    if code is None:
+        message = status.get("message", "failed") if status else "failed"
+        raise CtlError(f"execing command in container {text}: {message}")
+    if code:
+        raise CtlError(f"execing command in container {text}: command terminated with exit code {code}")
+
+
+def attach(args: argparse.Namespace, conn: Conn) -> int:
+    from cri_proxy.ctl import stream
+
+    pb = conn.pb
+    c = resolve.container(conn, args.container)
+    request = pb.AttachRequest(
+        container_id=c.id, stdin=args.stdin, tty=args.tty, stdout=True, stderr=not args.tty
+    )
+    try:
+        url = conn.runtime("Attach", request).url
+        status = stream.session(url, stream.tls_of(args), conn.settings.timeout, args.stdin, args.tty)
+    except CtlError as exc:
+        raise CtlError(f"attaching running container failed: {exc}") from None
+    if stream.exit_code(status) is None and status is not None:
+        raise CtlError(f"attaching running container failed: {status.get('message', 'failed')}")
+    return 0
 
 
 def stats(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     prefix = args.id_flag or args.id
-    flt = pb.ContainerStatsFilter(label_selector=parse_labels(args.label))
+    pod_id = resolve.pod(conn, args.pod).id if args.pod else ""
+    flt = pb.ContainerStatsFilter(id=prefix, pod_sandbox_id=pod_id, label_selector=parse_labels(args.label))
     request = pb.ListContainerStatsRequest(filter=flt)
 
     pods_of = {c.id: c.pod_sandbox_id for c in resolve.containers(conn)} if args.pod else {}
@@ -346,3 +424,83 @@ def stats(args: argparse.Namespace, conn: Conn) -> int:
 
     head = ["CONTAINER", "NAME", "CPU %", "MEM", "DISK", "INODES", "SWAP"]
     return sampling.watch(args, fetch, lambda found: pb.ListContainerStatsResponse(stats=found), head, row)
+
+
+def _auth(pb: Any, args: argparse.Namespace) -> Any:
+    """crictl's --creds USER[:PASS], --auth BASE64 or --username (password asked on the terminal)."""
+    if args.username:
+        import getpass
+
+        return pb.AuthConfig(username=args.username, password=getpass.getpass("Enter Password:"))
+    if args.creds and args.auth:
+        raise CtlError("both `--creds` and `--auth` are specified")
+    if args.creds:
+        user, _, password = args.creds.partition(":")
+        if not user:
+            raise CtlError("username cannot be empty")
+        return pb.AuthConfig(username=user, password=password)
+    if args.auth:
+        return pb.AuthConfig(auth=args.auth)
+    return None
+
+
+def run(args: argparse.Namespace, conn: Conn) -> int:
+    """`run`: a pod, then a container in it, started; the container's id printed (crictl's `run`)."""
+    pb = conn.pb
+    if not args.container_config or not args.pod_config:
+        args.ctl_parser.print_help()
+        return 0
+    if args.no_pull and args.with_pull:
+        raise CtlError("conflict: no-pull and with-pull are both set")
+    config = load_container_config(pb, args.container_config)
+    pod_config = load_pod_config(pb, args.pod_config)
+    try:
+        pod_id = conn.runtime(
+            "RunPodSandbox", pb.RunPodSandboxRequest(config=pod_config, runtime_handler=args.runtime)
+        ).pod_sandbox_id
+    except CtlError as exc:
+        raise CtlError(f"running container: run pod sandbox: {exc}") from None
+    if not config.image.user_specified_image:
+        config.image.user_specified_image = config.image.image
+    if not args.no_pull:
+        request = pb.PullImageRequest(image=pb.ImageSpec(image=config.image.image), sandbox_config=pod_config)
+        auth = _auth(pb, args)
+        if auth is not None:
+            request.auth.CopyFrom(auth)
+        try:
+            conn.image("PullImage", request, args.pull_timeout or None)
+        except CtlError as exc:
+            raise CtlError(f"running container: creating container failed: pulling image: {exc}") from None
+    timeout = args.cancel_timeout if args.cancel_timeout else -1.0
+    request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config)
+    try:
+        cid = conn.runtime("CreateContainer", request, timeout).container_id
+    except CtlError as exc:
+        raise CtlError(f"running container: creating container failed: {exc}") from None
+    try:
+        conn.runtime("StartContainer", pb.StartContainerRequest(container_id=cid))
+    except CtlError as exc:
+        raise CtlError(f"running container: starting the container {cid!r}: {exc}") from None
+    print(cid)
+    return 0
+
+
+def checkpoint(args: argparse.Namespace, conn: Conn) -> int:
+    """CheckpointContainer to the --export archive, each container in turn, as crictl does."""
+    pb = conn.pb
+    if not args.ids:
+        raise CtlError("ID cannot be empty")
+    if not args.export:
+        raise CtlError(
+            "cannot checkpoint a container without specifying the checkpoint destination. "
+            "Use --export=/path/to/checkpoint.tar"
+        )
+    for text in args.ids:
+        try:
+            conn.runtime(
+                "CheckpointContainer", pb.CheckpointContainerRequest(container_id=text, location=args.export)
+            )
+        except CtlError as exc:
+            raise CtlError(f"checkpointing the container {text!r} failed: {exc}") from None
+        print(text)
+    return 0

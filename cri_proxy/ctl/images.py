@@ -85,6 +85,8 @@ def images(args: argparse.Namespace, conn: Conn) -> int:
 
 def inspecti(args: argparse.Namespace, conn: Conn) -> int:
     texts = resolve.named_or_listed(list(args.ids), lambda: _list(conn, args.name))
+    if not texts:
+        return resolve.nothing_found(args)
     docs = []
     for text in texts:
         _, r = resolve.image(conn, text, verbose=not args.quiet)
@@ -93,12 +95,12 @@ def inspecti(args: argparse.Namespace, conn: Conn) -> int:
             lines += [f"Tag: {t}" for t in r.image.repo_tags] + [f"Digest: {d}" for d in r.image.repo_digests]
             lines.append(f"Size: {output.human_size(r.image.size)}")
             if not args.quiet:
-                lines.append(f"Info: {dict(r.info)}")
+                lines.append(f"Info: {output.go_map(r.info)}")
             print("\n".join(lines))
             continue
         docs.append(output.status_document(output.message_dict(r.image), r.info))
     if docs:
-        print(output.documents_output(docs, args.output))
+        print(output.documents_output(docs, args.output, args.template))
     return 0
 
 
@@ -133,7 +135,7 @@ def rmi(args: argparse.Namespace, conn: Conn) -> int:
         if args.all or args.prune:
             print("No images to remove", file=sys.stderr)
             return 0
-        raise CtlError("give at least one IMAGE-ID, or --all, or --prune", code=2)
+        raise CtlError("give at least one IMAGE-ID, or --all, or --prune")
     failed = 0
     for text, remove in targets.items():
         if not remove:
@@ -162,5 +164,9 @@ def imagefsinfo(args: argparse.Namespace, conn: Conn) -> int:
                 print(f"Inodes[{i}]: {fs.inodes_used.value}")
                 print(f"Mountpoint[{i}]: {fs.fs_id.mountpoint}")
         return 0
-    print(output.documents_output([output.status_document(output.message_dict(r), {})], args.output))
+    print(
+        output.documents_output(
+            [output.status_document(output.message_dict(r), {})], args.output, args.template
+        )
+    )
     return 0

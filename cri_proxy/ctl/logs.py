@@ -47,6 +47,15 @@ def parse_time_ns(text: str) -> int | None:
     return int(base.timestamp()) * 10**9 + int((m.group(2) or "0").ljust(9, "0"))
 
 
+def fixed_time(stamp: bytes) -> bytes:
+    """A log time as crictl prints it with --timestamps: nine fraction digits, the zone kept
+    (Go's "2006-01-02T15:04:05.000000000Z07:00"); a time in another shape is left as it is."""
+    m = _TIME.match(stamp.decode(errors="replace"))
+    if not m:
+        return stamp
+    return f"{m.group(1)}.{(m.group(2) or '').ljust(9, '0')}{m.group(3)}".encode()
+
+
 def parse_line(line: bytes) -> Chunk | None:
     """One line of a CRI log file (without its newline), or None if it is not in that format."""
     parts = line.split(b" ", 3)
@@ -68,9 +77,7 @@ def parse_since(text: str, now_ns: int | None = None) -> int | None:
         return now - int(float(rel.group(1)) * _UNIT_NS[rel.group(2)])
     parsed = parse_time_ns(text if re.search(r"(Z|[+-]\d\d:\d\d)$", text) else text + "Z")
     if parsed is None:
-        raise CtlError(
-            f"--since: neither a time (2013-01-02T13:23:37Z) nor a duration (42m): {text!r}", code=2
-        )
+        raise CtlError(f"--since: neither a time (2013-01-02T13:23:37Z) nor a duration (42m): {text!r}")
     return parsed
 
 
@@ -134,7 +141,7 @@ class Printer:
                 return
         data = chunk.text if chunk.partial else chunk.text + b"\n"
         if self.timestamps:
-            data = chunk.time + b" " + data
+            data = fixed_time(chunk.time) + b" " + data
         self._emit(sys.stdout.buffer if chunk.stream == "stdout" else sys.stderr.buffer, data)
 
     def _emit(self, out: BinaryIO, data: bytes) -> None:
@@ -147,6 +154,9 @@ class Printer:
 
 def logs(args: argparse.Namespace, conn: Conn) -> int:
     container = resolve.container(conn, args.container)
+    if args.reopen:
+        conn.runtime("ReopenContainerLog", conn.pb.ReopenContainerLogRequest(container_id=container.id))
+        print("cri-proxy ctl: container logs reopened", file=sys.stderr)
     path = log_path(conn, container, args.previous)
     printer = Printer(args, parse_since(args.since))
     try:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from cri_proxy.config import DEFAULT_CONFIG_FILE, DEFAULT_LISTEN
 from cri_proxy.ctl.errors import CtlError
+from cri_proxy.defaults import DEFAULT_CONFIG_FILE, DEFAULT_LISTEN
 from cri_proxy.endpoints import DEFAULT_ADMIN_ENDPOINT, admin_endpoint_beside
 
 DEFAULT_CRICTL_CONFIG = Path("/etc/crictl.yaml")
@@ -34,9 +33,9 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, 
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Where to connect and how, once every source has been read."""
+class Settings(NamedTuple):
+    """Where to connect and how, once every source has been read (a NamedTuple, not a dataclass:
+    importing dataclasses costs a tenth of crictl's whole run)."""
 
     runtime_endpoint: str = DEFAULT_LISTEN
     image_endpoint: str = DEFAULT_LISTEN
@@ -71,6 +70,29 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+def parse_timeout(text: str) -> float:
+    """--timeout: a duration; 0 or less means the default, as in crictl."""
+    value = text.strip()
+    return 0.0 if value.startswith("-") else parse_duration(value)
+
+
+# the global flags that take a value, as `cri-proxy ctl` finds the command word before parsing
+VALUE_FLAGS = frozenset(
+    {
+        "-r",
+        "--runtime-endpoint",
+        "-i",
+        "--image-endpoint",
+        "-t",
+        "--timeout",
+        "-c",
+        "--config",
+        "--proxy-config",
+        "--admin-endpoint",
+    }
+)
+
+
 def add_global_flags(parser: argparse.ArgumentParser) -> None:
     """crictl's global flags (defaults None: a flag that was not given leaves the next source)."""
     parser.add_argument(
@@ -88,7 +110,7 @@ def add_global_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-t",
         "--timeout",
-        type=parse_duration,
+        type=parse_timeout,
         metavar="DURATION",
         help=f"timeout of each call, e.g. 2s or 500ms (default {DEFAULT_TIMEOUT:g}s; crictl's is 2s)",
     )
@@ -121,8 +143,6 @@ def add_global_flags(parser: argparse.ArgumentParser) -> None:
 
 def read_crictl_config(path: Path, explicit: bool) -> dict[str, Any]:
     """The keys of crictl's YAML config; a missing default file is no error, a bad file is."""
-    import yaml
-
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -131,6 +151,10 @@ def read_crictl_config(path: Path, explicit: bool) -> dict[str, Any]:
         return {}
     except OSError as exc:
         raise CtlError(f"config file {path}: {exc.strerror}") from None
+    if not text.strip():
+        return {}
+    import yaml
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -172,7 +196,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     runtime: str = args.runtime_endpoint or env.get(ENV_RUNTIME) or file.get("runtime-endpoint") or ""
     runtime = runtime or DEFAULT_LISTEN
     image: str = args.image_endpoint or env.get(ENV_IMAGE) or file.get("image-endpoint") or runtime
-    if args.timeout is not None:
+    if args.timeout:  # crictl: 0 or less means the default
         timeout = float(args.timeout)
     elif file.get("timeout"):
         timeout = float(file["timeout"])
@@ -186,7 +210,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
             ("--image-endpoint", args.image_endpoint),
         ):
             if value:
-                raise CtlError(f"--bypass and {flag} contradict each other: give one", code=2)
+                raise CtlError(f"--bypass and {flag} contradict each other: give one")
         runtime = image = _bypass_endpoint(args.proxy_config)
     return Settings(
         runtime_endpoint=runtime,

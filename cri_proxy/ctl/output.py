@@ -11,12 +11,12 @@ import json
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-from google.protobuf import json_format
-from google.protobuf.message import Message
+from typing import TYPE_CHECKING, Any
 
 from cri_proxy.ctl.errors import CtlError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 TRUNCATED_ID = 13
 _DIGEST = re.compile(r"^(sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})$")
@@ -95,6 +95,21 @@ def rfc3339nano(timestamp_ns: int) -> str:
     return f"{text}{sign}{hours:02d}:{minutes:02d}"
 
 
+def go_time(timestamp_ns: int) -> str:
+    """Go's time.Time printed with %v: "2006-01-02 15:04:05.999999999 -0700 MST", local time."""
+    secs, nanos = divmod(timestamp_ns, 1_000_000_000)
+    moment = dt.datetime.fromtimestamp(secs, dt.UTC).astimezone()
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if nanos:
+        text += "." + f"{nanos:09d}".rstrip("0")
+    return f"{text} {moment.strftime('%z')} {moment.strftime('%Z')}"
+
+
+def go_map(values: Mapping[str, str]) -> str:
+    """A Go map[string]string printed with %v: "map[k1:v1 k2:v2]", keys sorted."""
+    return "map[" + " ".join(f"{k}:{values[k]}" for k in sorted(values)) + "]"
+
+
 def table(rows: Sequence[Sequence[str]], minwidth: int = 20, padding: int = 3) -> str:
     """Go's tabwriter as crictl sets it up: every column but the last at least `minwidth` wide,
     cells padded by `padding` spaces; the last column is not padded."""
@@ -120,31 +135,80 @@ def plain_table(heads: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def message_json(message: Message) -> str:
-    """crictl's protobufObjectToJSON: the JSON mapping, every field, indented by two spaces."""
-    return json_format.MessageToJson(
-        message, indent=2, always_print_fields_with_no_presence=True, ensure_ascii=False
-    )
+def _in_field_order(message: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (protobuf's JSON mapping of `message`) with keys in field-number order and map
+    entries sorted, as Go's protojson writes them (Python's puts unset fields last)."""
+    ordered: dict[str, Any] = {}
+    for f in message.DESCRIPTOR.fields:
+        if f.json_name not in data:
+            continue
+        value = data[f.json_name]
+        kind = f.message_type
+        if kind is not None and kind.GetOptions().map_entry:
+            items = getattr(message, f.name)
+            nested = kind.fields_by_name["value"].message_type is not None
+            value = {k: _in_field_order(items[k], v) if nested else v for k, v in sorted(value.items())}
+        elif kind is not None and f.is_repeated:
+            value = [
+                _in_field_order(m, d) if isinstance(d, dict) else d
+                for m, d in zip(getattr(message, f.name), value, strict=False)
+            ]
+        elif kind is not None and isinstance(value, dict):
+            value = _in_field_order(getattr(message, f.name), value)
+        ordered[f.json_name] = value
+    ordered.update({k: v for k, v in data.items() if k not in ordered})
+    return ordered
 
 
 def message_dict(message: Message) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(message_json(message))
-    return data
+    """The JSON mapping of `message`: camelCase keys, every field, in Go's order."""
+    from google.protobuf import json_format
+
+    data = json_format.MessageToDict(message, always_print_fields_with_no_presence=True)
+    return _in_field_order(message, data)
+
+
+def message_json(message: Message) -> str:
+    """crictl's protobufObjectToJSON: the JSON mapping, every field, indented by two spaces."""
+    return json.dumps(message_dict(message), indent=2, ensure_ascii=False)
+
+
+def go_json(data: Any) -> str:
+    """Go's json.Marshal then json.Indent: keys sorted, <, > and & escaped."""
+    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def to_yaml(data: Any) -> str:
+    """YAML as crictl's (sigs.k8s.io/yaml) writes it: keys sorted, strings that need quotes in
+    double quotes."""
     import yaml
 
-    text: str = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True)
+    class Dumper(yaml.SafeDumper):
+        """go-yaml's choices: a string that would read back as another type (or is empty) in
+        double quotes, one of several lines as a literal block, else plain or single-quoted."""
+
+    def string(dumper: yaml.SafeDumper, value: str) -> Any:
+        tag = "tag:yaml.org,2002:str"
+        if "\n" in value:
+            return dumper.represent_scalar(tag, value, style="|")
+        if not value or dumper.resolve(yaml.ScalarNode, value, (True, False)) != tag:  # type: ignore[no-untyped-call]
+            return dumper.represent_scalar(tag, value, style='"')
+        return dumper.represent_scalar(tag, value)
+
+    Dumper.add_representer(str, string)
+
+    text: str = yaml.dump(data, Dumper=Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True)
     return text
 
 
 def message_output(message: Message, fmt: str) -> str:
-    """`-o json` / `-o yaml` of a list command: the CRI response itself."""
+    """`-o json` / `-o yaml` of a list command: the CRI response itself (YAML with the blank
+    line crictl's Println adds after it)."""
     if fmt == "json":
         return message_json(message)
     if fmt == "yaml":
-        return to_yaml(message_dict(message)).rstrip("\n")
+        return to_yaml(message_dict(message))
     raise CtlError(f"unsupported output format {fmt!r}")
 
 
@@ -170,13 +234,18 @@ def status_document(
     return doc
 
 
-def documents_output(docs: Sequence[dict[str, Any]], fmt: str) -> str:
-    """One document alone, several as a list; keys sorted at every level, as crictl's are."""
+def documents_output(docs: Sequence[dict[str, Any]], fmt: str, template: str = "") -> str:
+    """One document alone, several as a list; keys sorted at every level, as crictl's are;
+    `go-template` executes `template` on that same document."""
     data: Any = docs[0] if len(docs) == 1 else list(docs)
+    if fmt == "go-template":
+        from cri_proxy.ctl.gotemplate import render
+
+        return render(template, data)
     if fmt == "json":
-        return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+        return go_json(data)
     if fmt == "yaml":
-        return to_yaml(data).rstrip("\n")
+        return to_yaml(data)
     raise CtlError(f"unsupported output format {fmt!r}")
 
 

@@ -26,7 +26,7 @@ def list_pods(conn: Conn, args: argparse.Namespace, id_prefix: str = "") -> list
     if args.state:
         key = args.state.lower()
         if key not in STATES:
-            raise CtlError("--state should be ready or notready", code=2)
+            raise CtlError("--state should be ready or notready")
         flt.state.state = getattr(pb, STATES[key])
     name, namespace = regex("--name", args.name), regex("--namespace", args.namespace)
     items = conn.runtime("ListPodSandbox", pb.ListPodSandboxRequest(filter=flt)).items
@@ -61,7 +61,7 @@ def pods(args: argparse.Namespace, conn: Conn) -> int:
             if meta.attempt:
                 lines.append(f"Attempt: {meta.attempt}")
             lines.append(f"Status: {state_name(pb, p.state)}")
-            lines.append(f"Created: {output.rfc3339nano(p.created_at)}")
+            lines.append(f"Created: {output.go_time(p.created_at)}")
             lines += output.labels_block("Labels", p.labels) + output.labels_block(
                 "Annotations", p.annotations
             )
@@ -89,6 +89,8 @@ def inspectp(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     named = [resolve.pod(conn, text).id for text in args.ids]
     ids = resolve.named_or_listed(named, lambda: list_pods(conn, args))
+    if not ids:
+        return resolve.nothing_found(args)
     docs = []
     for pod_id in ids:
         r = conn.runtime(
@@ -101,7 +103,7 @@ def inspectp(args: argparse.Namespace, conn: Conn) -> int:
         status["createdAt"] = output.rfc3339nano(r.status.created_at)
         docs.append(output.status_document(status, r.info))
     if docs:
-        print(output.documents_output(docs, args.output))
+        print(output.documents_output(docs, args.output, args.template))
     return 0
 
 
@@ -115,13 +117,13 @@ def _status_table(pb: Any, r: Any, verbose: bool) -> None:
     ]
     lines.append(f"Attempt: {s.metadata.attempt}")
     lines.append(f"Status: {pb.PodSandboxState.Name(s.state)}")
-    lines.append(f"Created: {output.rfc3339nano(s.created_at)}")
+    lines.append(f"Created: {output.go_time(s.created_at)}")
     if s.HasField("network"):
         lines.append(f"IP Addresses: {s.network.ip}")
         lines += [f"Additional IP: {ip.ip}" for ip in s.network.additional_ips]
     lines += output.labels_block("Labels", s.labels) + output.labels_block("Annotations", s.annotations)
     if verbose:
-        lines.append(f"Info: {dict(r.info)}")
+        lines.append(f"Info: {output.go_map(r.info)}")
     print("\n".join(lines))
 
 
@@ -152,13 +154,13 @@ def rmp(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     if args.all:
         if args.ids:
-            raise CtlError("cannot specify POD-ID(s) when using --all", code=2)
+            raise CtlError("cannot specify POD-ID(s) when using --all")
         targets = [(p.id, p) for p in resolve.pods(conn)]
         if not targets:
             print("No pods to remove", file=sys.stderr)
             return 0
     elif not args.ids:
-        raise CtlError("give at least one POD-ID, or --all", code=2)
+        raise CtlError("give at least one POD-ID, or --all")
     else:
         targets = [(text, resolve.pod(conn, text)) for text in args.ids]
     failed = 0
@@ -181,8 +183,8 @@ def statsp(args: argparse.Namespace, conn: Conn) -> int:
     pb = conn.pb
     prefix = args.id_flag or args.id
     request = pb.ListPodSandboxStatsRequest(
-        filter=pb.PodSandboxStatsFilter(label_selector=parse_labels(args.label))
-    )
+        filter=pb.PodSandboxStatsFilter(id=prefix, label_selector=parse_labels(args.label))
+    )  # the id is sent as crictl sends it: the runtime then skips every other sandbox
 
     def fetch() -> list[Any]:
         stats = conn.runtime("ListPodSandboxStats", request).stats

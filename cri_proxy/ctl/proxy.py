@@ -49,7 +49,7 @@ def ask(conn: Conn, method: str, command_name: str, body: Any = None) -> Any:
     """The JSON the proxy's introspection `method` answers, asked on its admin socket."""
     s = conn.settings
     if s.bypass:
-        raise CtlError(f"`{command_name}` asks the proxy itself; it cannot be used with --bypass", code=2)
+        raise CtlError(f"`{command_name}` asks the proxy itself; it cannot be used with --bypass")
     endpoint = s.admin_endpoint
     conn.debug(f"{INTROSPECT}{method} on {endpoint}")
     try:
@@ -125,8 +125,28 @@ def plan(args: argparse.Namespace, conn: Conn) -> int:
     return 0
 
 
+def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) rows of a JSON document, for a two-column table."""
+    if isinstance(data, dict):
+        rows: list[tuple[str, str]] = []
+        for key, value in data.items():
+            rows += flatten(value, f"{prefix}.{key}" if prefix else str(key))
+        return rows or [(prefix, "-")]
+    if isinstance(data, list):
+        if all(not isinstance(v, dict | list) for v in data):
+            return [(prefix, ", ".join(str(v) for v in data) or "-")]
+        return [row for i, value in enumerate(data) for row in flatten(value, f"{prefix}[{i}]")]
+    text = "-" if data is None else str(data).lower() if isinstance(data, bool) else str(data)
+    return [(prefix, text)]
+
+
 def status(args: argparse.Namespace, conn: Conn) -> int:
-    _dump(ask(conn, "Status", "status"), args.output)
+    """A table by default (one row per figure), or the document with -o json|yaml."""
+    found = ask(conn, "Status", "status")
+    if args.output != "table":
+        _dump(found, args.output)
+        return 0
+    print(plain_table(("KEY", "VALUE"), flatten(found)))
     return 0
 
 

@@ -76,9 +76,16 @@ def image(conn: Conn, text: str, verbose: bool = False) -> tuple[str, Any]:
 
 
 def named_or_listed(named: list[str], listed: Callable[[], Sequence[Any]]) -> list[str]:
-    """What the `inspect*` commands show: the ids named, else those of all the filters find;
-    an error when that is none, as crictl's."""
-    ids = named or [item.id for item in listed()]
-    if not ids:
-        raise CtlError("no IDs provided or nothing found per filter")
-    return ids
+    """What the `inspect*` commands show: the ids named, else those of all the filters find
+    (none: see `nothing_found`)."""
+    return named or [item.id for item in listed()]
+
+
+def nothing_found(args: Any) -> int:
+    """crictl's answer to an `inspect*` with no id where the filters find nothing: the error on
+    stderr, the command's usage on stdout, exit 0."""
+    import sys
+
+    print("cri-proxy ctl: No IDs provided or nothing found per filter", file=sys.stderr)
+    args.ctl_parser.print_help()
+    return 0

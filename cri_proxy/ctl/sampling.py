@@ -11,6 +11,8 @@ from google.protobuf.message import Message
 
 from cri_proxy.ctl import output
 
+CLEAR_SCREEN = "\033[2J\033[H"  # crictl clears the terminal before each table of stats
+
 
 def cpu_percent(now: Any, before: Any) -> float:
     """CPU % between two CRI `CpuUsage` samples; 0 when none was used or no time passed."""
@@ -42,6 +44,6 @@ def watch(
             cells = None if before is None else row(s, before)
             if cells is not None:
                 rows.append(cells)
-        print(output.table(rows), flush=True)
+        print(CLEAR_SCREEN + output.table(rows), flush=True)
         if not args.watch:
             return 0

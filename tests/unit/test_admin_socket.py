@@ -287,7 +287,7 @@ def test_ctl_default_admin_socket_and_permission_denied(tmp_path: Path) -> None:
         endpoint = f"unix://{open_dir}/admin.sock"
         proc, _ = start_proxy(tmp_path, runtime, "--dry-run", listen=sock)
         try:
-            out = _ctl("-r", f"unix://{sock}", "status")  # admin.sock beside it, found by default
+            out = _ctl("-r", f"unix://{sock}", "status", "-o", "json")  # admin.sock beside it, by default
             assert out.returncode == 0 and "containers" in json.loads(out.stdout), out.stderr
             trouble = _as_nobody(endpoint)
             assert trouble is not None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.processes import wait_for_socket as _wait_for_socket
 
@@ -355,14 +356,17 @@ def test_id_prefixes_unique_ambiguous_unknown(bed: Bed) -> None:
     assert "not found" in line
 
 
-def test_exec_sync_passes_the_exit_code(bed: Bed) -> None:
+def test_exec_sync_as_crictl(bed: Bed) -> None:
+    """crictl's -s: stdout then stderr, both on stdout, each with a newline after; a failing
+    command is an error (exit 1) naming its exit code."""
     _, cid, _ = _pod_and_container(bed, "delta")
     out = bed.run("exec", "--sync", cid[:8], "echo", "x")
-    assert out.stdout == "x\n"
+    assert out.stdout == "x\n\n\n"
     out = bed.run("exec", "-s", cid, "false", check=False)
-    assert out.returncode == 1 and out.stderr == ""
-    line = _one_line_error(bed.run("exec", "-it", cid, "sh", check=False))
-    assert "ExecSync" in line
+    assert out.returncode == 1 and out.stdout == ""
+    assert f"execing command in container {cid} synchronously: command 'false' exited with 1" in out.stderr
+    out = bed.run("exec", "-s", cid, check=False)  # no command: the usage, as crictl
+    assert out.returncode == 0 and "usage:" in out.stdout
 
 
 def test_logs_read_the_log_file(bed: Bed) -> None:
@@ -381,7 +385,8 @@ def test_logs_read_the_log_file(bed: Bed) -> None:
     )
     out = bed.run("logs", cid)
     assert out.stdout == "first line\nlast line\n" and out.stderr == "half and half\n"
-    assert bed.run("logs", "--tail", "1", "-t", cid).stdout == "2024-01-02T03:04:07Z last line\n"
+    # crictl pads the fraction to nine digits (Go's RFC3339NanoFixed)
+    assert bed.run("logs", "--tail", "1", "-t", cid).stdout == "2024-01-02T03:04:07.000000000Z last line\n"
     assert bed.run("logs", "--stream", "stderr", cid).stdout == ""
 
 
@@ -424,7 +429,9 @@ def test_images_info_stats(bed: Bed) -> None:
     assert isinstance(stats, dict) and [s["attributes"]["id"] for s in stats["stats"]] == [cid]
     stats = bed.json("stats", "-o", "json", "--pod", pod[:9])
     assert isinstance(stats, dict) and [s["attributes"]["id"] for s in stats["stats"]] == [cid]
-    table = bed.run("stats", "-s", "0", "--id", cid).stdout.splitlines()
+    out = bed.run("stats", "-s", "0", "--id", cid).stdout
+    assert out.startswith("\033[2J\033[H")  # crictl clears the screen before each table
+    table = out.removeprefix("\033[2J\033[H").splitlines()
     assert table[0].split() == ["CONTAINER", "NAME", "CPU", "%", "MEM", "DISK", "INODES", "SWAP"]
     assert table[1].startswith(cid[:13])
     assert "Image is up to date for localhost/extra:1" in bed.run("pull", "localhost/extra:1").stdout
@@ -496,10 +503,22 @@ def test_bypass_reaches_the_runtime_with_the_proxy_down(bed: Bed) -> None:
     assert "contradict" in line
 
 
-def test_usage_errors_exit_2(bed: Bed) -> None:
-    assert bed.run("ps", "-o", "go-template", check=False).returncode == 2
-    assert bed.run("ps", "--label", "novalue", check=False).returncode == 2
-    assert bed.run("pods", "--state", "sleepy", check=False).returncode == 2
+def test_usage_errors_exit_as_crictl(bed: Bed) -> None:
+    """crictl: 1 for a bad flag or value (urfave/cli's "Incorrect Usage"), 3 for an unknown command."""
+    for args in (
+        ("ps", "-o", "xml"),
+        ("ps", "--label", "novalue"),
+        ("pods", "--state", "sleepy"),
+        ("ps", "--no-such-flag"),
+        ("--no-such-flag", "version"),
+        ("ps", "-n", "abc"),
+    ):
+        out = bed.run(*args, check=False)
+        assert out.returncode == 1, (args, out.returncode, out.stderr)
+        assert "Traceback" not in out.stderr and out.stderr.strip()
+    out = bed.run("no-such-command", check=False)
+    assert (out.returncode, out.stderr.strip()) == (3, "No help topic for 'no-such-command'")
+    assert bed.run("help", "no-such-command", check=False).returncode == 3
 
 
 # -- what only the proxy knows -----------------------------------------------------------------------
@@ -538,7 +557,13 @@ def test_cpusets_pools_problems(bed: Bed) -> None:
     assert any(line.startswith("ctl-test/kappa ") for line in lines[1:])
     plan = bed.json("plan")
     assert isinstance(plan, dict) and cid in plan["containers"]
-    assert isinstance(bed.json("status"), dict) and "topology" in bed.json("snapshot")  # type: ignore[operator]
+    status = bed.json("status", "-o", "json")
+    assert isinstance(status, dict) and "topology" in bed.json("snapshot")  # type: ignore[operator]
+    assert yaml.safe_load(bed.run("status", "-o", "yaml").stdout) == status
+    table = bed.run("status").stdout.splitlines()  # a table by default, one row per figure
+    assert table[0].split() == ["KEY", "VALUE"] and ["pods", str(status["pods"])] in [
+        r.split() for r in table
+    ]
 
 
 def test_a_proxy_whose_runtime_is_down_says_so(tmp_path: Path) -> None:
@@ -574,3 +599,134 @@ def test_a_proxy_whose_runtime_is_down_says_so(tmp_path: Path) -> None:
         assert f"the proxy at unix://{sock} answered UNAVAILABLE" in line and "no-runtime.sock" in line
     finally:
         _stop(proxy)
+
+
+# -- start-up and the light HTTP/2 client --------------------------------------------------------
+
+
+def test_version_imports_neither_grpc_nor_protobuf(bed: Bed) -> None:
+    """`ctl version` is the start-up path kept light (docs/performance.md): no grpcio, no protobuf,
+    no CRI messages, and only the version command's parser."""
+    heavy = ("grpc", "google.protobuf", "cri_api.v1.api_pb2", "yaml", "cri_proxy.config")
+    probe = (
+        "import sys; from cri_proxy.cli import main; code = main(['ctl', '-r', sys.argv[1], 'version']); "
+        f"heavy = sorted(m for m in {heavy!r} if m in sys.modules); print('HEAVY', heavy); sys.exit(code)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, bed.proxy], capture_output=True, text=True, timeout=60, env=bed.env()
+    )
+    assert out.returncode == 0, out.stderr
+    assert "RuntimeName:  fake-runtime" in out.stdout or "RuntimeName:" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+def test_light_client_answers_and_failures(bed: Bed, tmp_path: Path) -> None:
+    import socket as sockets
+
+    from cri_api.v1 import api_pb2 as pb
+    from cri_proxy.ctl.h2unary import Connection, RpcFailure, address_of
+
+    address = address_of(bed.runtime)
+    assert address is not None and address_of("tcp://127.0.0.1:80") == ("127.0.0.1", 80)
+    wire = Connection(address, bed.runtime)
+    try:
+        answer = pb.VersionResponse.FromString(
+            wire.unary("/runtime.v1.RuntimeService/Version", pb.VersionRequest().SerializeToString(), 10)
+        )
+        assert answer.runtime_api_version == "v1"
+        with pytest.raises(RpcFailure) as failed:  # the same connection, the next stream
+            request = pb.ContainerStatusRequest(container_id="no-such-container")
+            wire.unary("/runtime.v1.RuntimeService/ContainerStatus", request.SerializeToString(), 10)
+        assert failed.value.code().name == "NOT_FOUND" and "no-such-container" in failed.value.details()
+        with pytest.raises(RpcFailure) as failed:
+            wire.unary("/runtime.v1.RuntimeService/NoSuchMethod", b"", 10)
+        assert failed.value.code().name == "UNIMPLEMENTED"
+    finally:
+        wire.close()
+
+    with pytest.raises(RpcFailure) as failed:
+        Connection(str(tmp_path / "nobody.sock"), "unix:///nobody.sock").unary("/x/Y", b"", 5)
+    assert failed.value.code().name == "UNAVAILABLE" and "No such file" in failed.value.details()
+
+    silent = sockets.socket(sockets.AF_UNIX)  # accepts, never answers: the deadline ends the call
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen()
+    try:
+        with pytest.raises(RpcFailure) as failed:
+            Connection(str(tmp_path / "silent.sock"), "silent").unary("/x/Y", b"", 0.5)
+        assert failed.value.code().name == "DEADLINE_EXCEEDED"
+    finally:
+        silent.close()
+
+
+def test_help_version_config_completion(bed: Bed, tmp_path: Path) -> None:
+    out = bed.run("--version")
+    assert out.stdout.startswith("cri-proxy ctl version ")
+    assert "usage: cri-proxy ctl ps" in bed.run("help", "ps").stdout
+    assert "attach" in bed.run("help").stdout and "port-forward" in bed.run("--help").stdout
+    config = tmp_path / "crictl.yaml"
+    assert bed.run("-c", str(config), "config", "--set", "timeout=5,debug=true").returncode == 0
+    assert bed.run("-c", str(config), "config", "runtime-endpoint", "unix:///x.sock").returncode == 0
+    assert bed.run("-c", str(config), "config", "--get", "timeout").stdout == "5\n"
+    assert yaml.safe_load(config.read_text()) == {
+        "runtime-endpoint": "unix:///x.sock",
+        "image-endpoint": "",
+        "timeout": 5,
+        "debug": True,
+        "pull-image-on-create": False,
+        "disable-pull-on-run": False,
+    }
+    out = bed.run("-c", str(config), "config", "--set", "timeout=soon", check=False)
+    assert out.returncode == 1 and "timeout" in out.stderr
+    for shell in ("bash", "zsh", "fish"):
+        script = bed.run("completion", shell).stdout
+        assert "cri-proxy" in script and "port-forward" in script
+    if os.path.exists("/bin/bash"):
+        check = subprocess.run(["/bin/bash", "-n"], input=bed.run("completion", "bash").stdout, text=True)
+        assert check.returncode == 0
+
+
+def test_streaming_is_refused_clearly_by_a_runtime_without_it(bed: Bed) -> None:
+    """The fake runtime has no streaming server: exec/attach/port-forward say so and exit 1."""
+    _, cid, _ = _pod_and_container(bed, "lambda")
+    for args in (("exec", "-it", cid, "sh"), ("attach", cid), ("exec", cid, "true")):
+        out = bed.run(*args, check=False)
+        assert out.returncode == 1 and "Traceback" not in out.stderr and out.stderr.strip(), args
+
+
+def test_events_stream_as_crictl_prints_them(bed: Bed) -> None:
+    """`events`: one document per container event (the fake runtime streams them), and a
+    template refused with a format that is not go-template."""
+    import queue
+    import threading
+
+    argv = [
+        CLI,
+        "ctl",
+        "-r",
+        bed.proxy,
+        "events",
+        "-o",
+        "go-template",
+        "--template",
+        "{{.containerEventType}}",
+    ]
+    watcher = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bed.env())
+    lines: queue.Queue[str] = queue.Queue()
+    assert watcher.stdout is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in watcher.stdout or ()], daemon=True).start()
+    try:
+        first = None
+        for attempt in range(10):  # until the watcher is subscribed: each try makes a container
+            _pod_and_container(bed, f"mu{attempt}")
+            try:
+                first = lines.get(timeout=3).strip()
+                break
+            except queue.Empty:
+                assert watcher.poll() is None, watcher.stderr.read() if watcher.stderr else ""
+        assert first is not None and first.startswith("CONTAINER_") and first.endswith("_EVENT"), first
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+    out = bed.run("events", "--template", "{{.x}}", check=False)
+    assert out.returncode == 1 and "template can't be used" in out.stderr

@@ -49,8 +49,23 @@ def test_stdin(snapshot: Path) -> None:
     assert r.returncode == 0 and json.loads(r.stdout)["containers"]["gs-sidecar"]["qos"] == "LS"
 
 
+def test_output_flag_and_its_old_name(snapshot: Path) -> None:
+    """`-o`/`--output` as every ctl command has it; `--format` (the old name) still works."""
+    as_json = _plan("--snapshot", str(snapshot), "-o", "json")
+    assert as_json.returncode == 0 and _plan("--snapshot", str(snapshot)).stdout == as_json.stdout
+    assert (
+        _plan("--snapshot", str(snapshot), "--output", "table").stdout
+        == _plan("--snapshot", str(snapshot), "--format", "table").stdout
+    )
+    import yaml
+
+    r = _plan("--snapshot", str(snapshot), "-o", "yaml")
+    assert r.returncode == 0 and yaml.safe_load(r.stdout) == json.loads(as_json.stdout)
+    assert "--format" not in _plan("--help").stdout  # hidden: -o is the one documented
+
+
 def test_table_output(snapshot: Path) -> None:
-    r = _plan("--snapshot", str(snapshot), "--format", "table")
+    r = _plan("--snapshot", str(snapshot), "-o", "table")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["POD", "CONTAINER", "ID", "QOS", "CPUSET", "WHY"]
