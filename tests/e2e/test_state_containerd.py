@@ -97,7 +97,10 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
     for cid, row in rows.items():
         if row["state"] != "running" or row["decided"] is None or cid not in parents:
             continue
-        real = read_container_cpuset(parents[cid], cid)
+        try:
+            real = read_container_cpuset(parents[cid], cid)
+        except FileNotFoundError:  # it exited after the listing: the next look sees it exited
+            return f"{row['pod']} {row['container']}: its cgroup went away after the listing"
         if real != row["decided"]:
             return f"{row['pod']} {row['container']}: cgroup has {real}, decided {row['decided']}"
     return None
@@ -149,7 +152,14 @@ def test_containers_created_or_exiting_behind_the_proxys_back(
     with connect(containerd.address) as direct:
         sneaky = create(direct, ls, "sneaky")  # not through the proxy: no cpuset, on 0-1
         assert read_container_cpuset(ls[1].linux.cgroup_parent, sneaky) == "0-1"
-    wait_for(lambda: mismatch(proxy, containerd))
+
+    def settled() -> str | None:
+        states = {row["id"]: row["state"] for row in proxy.ctl_json("cpusets", "-o", "json")}
+        if states.get(brief) != "exited":
+            return f"brief is {states.get(brief)}, not exited yet"
+        return mismatch(proxy, containerd)
+
+    wait_for(settled)
     rows = {row["id"]: row for row in proxy.ctl_json("cpusets", "-o", "json")}
     assert (rows[sneaky]["state"], rows[sneaky]["decided"]) == ("running", "0")  # adopted, moved
     assert rows[brief]["state"] == "exited"
