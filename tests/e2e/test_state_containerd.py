@@ -135,6 +135,34 @@ def create(cri: CriClient, pod: tuple[str, Any], name: str, *, start: bool = Tru
     return cid
 
 
+@contextlib.contextmanager
+def creating(proxy: ProxyProcess, pod: tuple[str, Any], prefix: str) -> Iterator[list[str]]:
+    """A kubelet-like client creating containers in `pod` through the proxy, one after another,
+    retrying while the runtime or the proxy is away; yields the ids made so far."""
+    stop = threading.Event()
+    made: list[str] = []
+
+    def keep_creating() -> None:
+        n = 0
+        while not stop.is_set():
+            with connect(proxy.address) as cri:  # a new connection after a proxy restart
+                while not stop.is_set():
+                    n += 1
+                    try:
+                        made.append(create(cri, pod, f"{prefix}{n}"))
+                    except grpc.RpcError:
+                        time.sleep(0.05)  # the runtime or the proxy is away: kubelet retries too
+                        break
+
+    worker = threading.Thread(target=keep_creating)
+    worker.start()
+    try:
+        yield made
+    finally:
+        stop.set()
+        worker.join(60)
+
+
 def kill(proxy: ProxyProcess) -> None:
     assert proxy.proc is not None
     proxy.proc.send_signal(signal.SIGKILL)
@@ -251,29 +279,11 @@ def test_containerd_restarted_while_containers_are_created(
     with connect(proxy.address) as cri:
         _, lsr, lsr_config = lsr_pod(cri, containerd)
         ls = ls_pod(cri, containerd)
-    stop = threading.Event()
-    made: list[str] = []
-
-    def keep_creating() -> None:
-        with connect(proxy.address) as cri:
-            n = 0
-            while not stop.is_set():
-                n += 1
-                try:
-                    made.append(create(cri, ls, f"c{n}"))
-                except grpc.RpcError:
-                    time.sleep(0.05)  # the runtime is away: kubelet retries later too
-
-    worker = threading.Thread(target=keep_creating)
-    worker.start()
-    try:
+    with creating(proxy, ls, "c") as made:
         wait_for(lambda: None if len(made) >= 2 else "no container made yet")
         containerd.restart()
         count = len(made)
         wait_for(lambda: None if len(made) >= count + 3 else "no container made after the restart")
-    finally:
-        stop.set()
-        worker.join(60)
     wait_for(lambda: mismatch(proxy, containerd))
 
     # kubelet's static CPU manager re-sends its own cpuset: the LSR container stays pinned, LS too
@@ -394,25 +404,11 @@ def test_kills_and_restarts_in_sequence_while_containers_are_created(
     with connect(proxy.address) as cri:
         _, lsr, lsr_config = lsr_pod(cri, containerd)
         ls = ls_pod(cri, containerd)
-    stop = threading.Event()
-    made: list[str] = []
-
-    def keep_creating() -> None:
-        with connect(proxy.address) as cri:
-            n = 0
-            while not stop.is_set():
-                n += 1
-                try:
-                    made.append(create(cri, ls, f"k{n}"))
-                except grpc.RpcError:
-                    time.sleep(0.05)
 
     def more(than: int) -> Callable[[], str | None]:
         return lambda: None if len(made) > than else f"no container made beyond {than}"
 
-    worker = threading.Thread(target=keep_creating)
-    worker.start()
-    try:
+    with creating(proxy, ls, "k") as made:
         for kill_first in (True, False, True):
             wait_for(more(len(made) + 1))
             if kill_first:
@@ -423,9 +419,6 @@ def test_kills_and_restarts_in_sequence_while_containers_are_created(
                 kill(proxy)
             proxy.start()
         wait_for(more(len(made) + 1))
-    finally:
-        stop.set()
-        worker.join(60)
     wait_for(lambda: mismatch(proxy, containerd))
     with connect(proxy.address) as cri:  # kubelet-style cpuset-only update: still pinned
         cri.runtime.UpdateContainerResources(
