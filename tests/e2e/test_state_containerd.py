@@ -106,6 +106,13 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
     return None
 
 
+def pinned_story(proxy: ProxyProcess, cid: str) -> str:
+    """What the proxy says of a container that should be pinned: its row and its log lines."""
+    rows = [row for row in proxy.ctl_json("cpusets", "-o", "json") if row["id"] == cid]
+    lines = [line for line in proxy.log_path.read_text().splitlines() if cid[:13] in line]
+    return f"proxy row {rows}; log lines naming it: {lines[-15:]}"
+
+
 def lsr_pod(cri: CriClient, containerd: PrivateContainerd, name: str = "lsr") -> tuple[str, str, Any]:
     return start_pod(
         cri.api,
@@ -295,7 +302,7 @@ def test_containerd_restarted_while_containers_are_created(
                 ),
                 timeout=30,
             )
-    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1"
+    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1", pinned_story(proxy, lsr)
     assert read_container_cpuset(ls[1].linux.cgroup_parent, made[-1]) == "0"
     wait_for(lambda: mismatch(proxy, containerd))
 
@@ -427,5 +434,5 @@ def test_kills_and_restarts_in_sequence_while_containers_are_created(
             ),
             timeout=30,
         )
-    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1"
+    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1", pinned_story(proxy, lsr)
     wait_for(lambda: mismatch(proxy, containerd))
