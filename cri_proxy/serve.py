@@ -89,7 +89,9 @@ class Proxy:
             sync=self.syncer.periodic,
         )
         self.introspection.reconciler = self.reconciler
-        self.hooks = EnforceHooks(self.state, self.policy, self.reconciler, self.settings.get)
+        self.hooks = EnforceHooks(
+            self.state, self.policy, self.reconciler, self.settings.get, learn=self.syncer.learn
+        )
         self.hooks.register(self.table)
         self.checkpoints = CheckpointKeeper(config.state_dir, self.state)
         self.introspection.observe = runtime_observer(

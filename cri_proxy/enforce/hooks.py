@@ -8,7 +8,7 @@ decided cpuset; the sandbox and container life-cycle calls keep the state and wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -31,6 +31,8 @@ from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, Po
 from cri_proxy.state.resources import merge_linux_resources
 
 EXCLUSIVE = frozenset({QoS.LSE, QoS.LSR})
+LEARN_WAIT = 2.0
+"""Seconds an update naming an unknown container waits for the runtime's listing, at most."""
 
 
 def pod_record(sandbox_id: str, config: Any, api_version: str) -> PodRecord:
@@ -62,8 +64,10 @@ class EnforceHooks:
         policy: Policy,
         reconciler: Reconciler,
         settings: Callable[[], Config],
+        learn: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self.state = state
+        self.learn = learn  # list the runtime now, for a call naming a container not known yet
         self.policy = policy
         self.reconciler = reconciler
         self.settings = settings  # read per call: a reload swaps it whole
@@ -266,8 +270,13 @@ class EnforceHooks:
         requested = req.linux.cpuset_cpus if req.HasField("linux") else ""
         if requested and not self.dry_run:
             self._refuse_offline(req.container_id, requested)
+        if not req.HasField("linux"):
+            return request
         c = self.state.container(req.container_id)
-        if c is None or not req.HasField("linux"):
+        if c is None and self.learn is not None:  # e.g. kubelet's update right after our restart
+            await self.learn(LEARN_WAIT)
+            c = self.state.container(req.container_id)
+        if c is None:
             return request
         merged = c.linux_resources()
         merge_linux_resources(merged, req.linux)

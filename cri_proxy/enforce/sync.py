@@ -9,6 +9,8 @@ never lost (`cri_proxy.state.merge`). Problems are logged when they first appear
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
 import grpc.aio
 from loguru import logger
@@ -16,6 +18,9 @@ from loguru import logger
 from cri_proxy.enforce.recovery import read_runtime
 from cri_proxy.state.merge import Merged
 from cri_proxy.state.model import NodeState
+
+LEARN_EVERY = 1.0
+"""Seconds between on-demand listings (`learn`): a client naming unknown ids cannot make more."""
 
 PENDING_GRACE = 20.0
 """Seconds an unanswered CreateContainer keeps its pending record against listings without it."""
@@ -37,6 +42,27 @@ class Syncer:
         self.pending_grace = pending_grace
         self._one = asyncio.Lock()
         self._reported: frozenset[str] = frozenset()
+        self._learning: asyncio.Future[Merged] | None = None
+        self._learned_at = -LEARN_EVERY
+
+    async def learn(self, within: float) -> None:
+        """A call names a container the state lacks (created behind the proxy's back, or not yet
+        re-listed after a restart): list the runtime now rather than at the next period. Callers
+        share one listing; at most one a `LEARN_EVERY`; waits at most `within` seconds, and a
+        failed listing only means the caller goes on with what is known."""
+        if self._learning is None:
+            if time.monotonic() - self._learned_at < LEARN_EVERY:
+                return
+            self._learned_at = time.monotonic()
+            self._learning = asyncio.ensure_future(self.sync(full=False))
+            self._learning.add_done_callback(self._learned)
+        with contextlib.suppress(Exception):  # timed out or not listed: the periodic pass will tell
+            await asyncio.wait_for(asyncio.shield(self._learning), within)
+
+    def _learned(self, done: asyncio.Future[Merged]) -> None:
+        self._learning = None
+        if not done.cancelled() and done.exception() is not None:
+            logger.debug("on-demand runtime listing failed: {}", done.exception())
 
     async def sync(self, full: bool = False) -> Merged:
         """List the runtime and merge; raises when the runtime cannot be listed."""

@@ -79,6 +79,12 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
     pending = [row["container"] for row in rows.values() if row["state"] == "pending"]
     if pending:
         return f"pending: {pending}"
+    # the view lists what the runtime has even when the proxy does not track it: marked, not hidden
+    untracked = [
+        (row["container"], row["mark"]) for row in rows.values() if row["mark"] in ("UNTRACKED", "GONE")
+    ]
+    if untracked:
+        return f"not tracked as the runtime has them: {untracked}"
     known = {cid: row["state"] for cid, row in rows.items()}
     if known != runtime:
         differ = sorted(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -302,5 +303,39 @@ def test_a_cancelled_create_container_leaves_nothing_pending(tmp_path: Path, mod
                 assert not [c.id for c in n.proxy.state.containers() if c.id.startswith("pending/")]
         finally:
             await fake.stop(0)
+
+    run(main())
+
+
+def test_an_update_naming_a_container_made_behind_the_proxys_back_gets_its_decision(tmp_path: Path) -> None:
+    """kubelet's update for a container the proxy has not listed yet (made behind its back, or
+    right after a proxy restart) is not forwarded blind: the proxy lists the runtime first."""
+
+    async def main() -> None:
+        async with node(tmp_path, reconcile_period_seconds=0) as n:  # no periodic listing
+            direct = grpc.aio.insecure_channel(n.fake.opts.listen)
+            try:
+                behind = dataclasses.replace(n, channel=direct)
+                _, lsr = await behind.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
+                assert n.proxy.state.container(lsr["main"]) is None  # not through the proxy
+                kubelet_says = v1.LinuxContainerResources(cpuset_cpus="0-15", cpu_shares=2048)
+                await n.stub().UpdateContainerResources(
+                    v1.UpdateContainerResourcesRequest(container_id=lsr["main"], linux=kubelet_says)
+                )
+                assert n.cpuset(lsr["main"]) == "2-3"  # pinned, not the kubelet's pool
+                assert n.fake.store.containers[lsr["main"]].resources.cpu_shares == 2048  # the rest kept
+                assert n.proxy.state.container(lsr["main"]) is not None  # adopted on the way
+                # an id the runtime does not have either: its own answer, as directly
+                with pytest.raises(grpc.aio.AioRpcError) as proxied:
+                    await n.stub().UpdateContainerResources(
+                        v1.UpdateContainerResourcesRequest(container_id="nope", linux=kubelet_says)
+                    )
+                with pytest.raises(grpc.aio.AioRpcError) as straight:
+                    await behind.stub().UpdateContainerResources(
+                        v1.UpdateContainerResourcesRequest(container_id="nope", linux=kubelet_says)
+                    )
+                assert proxied.value.code() == straight.value.code() == grpc.StatusCode.NOT_FOUND
+            finally:
+                await direct.close(None)
 
     run(main())

@@ -61,3 +61,40 @@ def test_created_and_exited_behind_the_proxys_back_within_a_period(tmp_path: Pat
                 await until(lambda: n.proxy.state.container(ids["main"]) is None, "forgotten")
 
     run(main())
+
+
+def test_on_demand_listings_are_shared_and_rationed() -> None:
+    """`learn` (an update naming an unknown container): concurrent callers share one listing, no more
+    than one a LEARN_EVERY, and a listing that fails or is slow only returns the caller."""
+    from cri_proxy.enforce import sync
+    from cri_proxy.state.merge import Merged
+    from cri_proxy.state.model import NodeState
+
+    async def main() -> None:
+        syncer = sync.Syncer(NodeState(), grpc.aio.insecure_channel("unix:///nonexistent"))
+        listings: list[float] = []
+        outcome: list[Exception | None] = [None]
+
+        async def listing(full: bool = False) -> Merged:  # stands in for ListPodSandbox/ListContainers
+            listings.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(0.05)
+            if outcome[0] is not None:
+                raise outcome[0]
+            return Merged(pods={}, containers={})
+
+        syncer.sync = listing  # type: ignore[method-assign]
+        await asyncio.gather(*(syncer.learn(1.0) for _ in range(5)))
+        assert len(listings) == 1
+        await syncer.learn(1.0)
+        assert len(listings) == 1  # within LEARN_EVERY of the last: what is known will do
+        syncer._learned_at -= sync.LEARN_EVERY  # as if a second had passed
+        outcome[0] = RuntimeError("runtime away")
+        await syncer.learn(1.0)  # does not raise
+        assert len(listings) == 2
+        syncer._learned_at -= sync.LEARN_EVERY
+        outcome[0] = None
+        began = asyncio.get_running_loop().time()
+        await syncer.learn(0.01)  # gives up waiting; the listing goes on for the next caller
+        assert asyncio.get_running_loop().time() - began < 0.05 + 0.5 and len(listings) == 3
+
+    run(main())
