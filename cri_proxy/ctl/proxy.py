@@ -115,6 +115,13 @@ def check_update(conn: Conn, container_id: str, cpuset: str, force: bool) -> Non
         raise CtlError(str(found["refused"]))
 
 
+def unpin(conn: Conn, container_id: str) -> None:
+    """`ctl update --unpin`: the proxy drops the operator's pin and goes back to the rules' cpuset."""
+    found = ask(conn, "Unpin", "update --unpin", {"id": container_id})
+    if found.get("refused"):
+        raise CtlError(str(found["refused"]))
+
+
 def snapshot(args: argparse.Namespace, conn: Conn) -> int:
     _dump(ask(conn, "Snapshot", "snapshot"))
     return 0

@@ -331,6 +331,11 @@ def test_inspect_has_camel_case_keys_and_update_shows(bed: Bed) -> None:
     both = bed.json("inspect", cid, cid)
     assert isinstance(both, list) and len(both) == 2
     assert "status:" in bed.run("inspect", "-o", "yaml", cid).stdout
+    # --unpin: a usage error with the flags that pin; without a pin the proxy says there is none
+    both = bed.run("update", "--unpin", "--cpuset-cpus", "0", cid[:12], check=False)
+    assert both.returncode == 1 and "--unpin cannot be used with --cpuset-cpus or --force" in both.stderr
+    none = bed.run("update", "--unpin", cid[:12], check=False)
+    assert none.returncode == 1 and "ctl-test/gamma gamma" in none.stderr and "no operator pin" in none.stderr
 
 
 def test_id_prefixes_unique_ambiguous_unknown(bed: Bed) -> None:
