@@ -4,13 +4,17 @@ A cpuset changed behind the proxy's back (straight to containerd) is marked DRIF
 and moves the container in `ctl cpus`; `ctl update --cpuset-cpus` on a managed container is refused
 with its class and the rules' cpuset (the cgroup keeps its set), a CPU that is not online is
 refused, `--force` pins the set (the cgroup gets it and keeps it), and a raw CRI update through the
-proxy is replaced and counted.
+proxy is replaced and counted. An operator's pin survives a proxy restart (checkpointed) until
+`ctl update --unpin` removes it.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,18 +25,32 @@ from kube import start_pod
 pytestmark = pytest.mark.e2e
 
 
+def _configured(containerd: PrivateContainerd, name: str, config: str, *extra: str) -> ProxyProcess:
+    """A proxy (not started) reading `config` from <workdir>/<name>.toml."""
+    path = containerd.workdir / f"{name}.toml"
+    path.write_text(config)
+    process = ProxyProcess(containerd, *extra, name=name)
+    process.args[process.args.index("/dev/null")] = str(path)
+    return process
+
+
 @pytest.fixture
 def views_proxy(containerd: PrivateContainerd) -> Iterator[ProxyProcess]:
     """An enforcing proxy whose periodic repair pass does not run during a test."""
-    config = containerd.workdir / "views.toml"
-    config.write_text("reconcile_period_seconds = 3600\n")
-    process = ProxyProcess(containerd, name="views")
-    process.args[process.args.index("/dev/null")] = str(config)
-    process.start()
+    process = _configured(containerd, "views", "reconcile_period_seconds = 3600\n").start()
     try:
         yield process
     finally:
         process.stop()
+
+
+def _wait(check: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Until `check()` is true, or fail after `timeout` seconds naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out ({timeout} s) waiting for {what}")
+        time.sleep(0.1)
 
 
 def _pod(cri: CriClient, containerd: PrivateContainerd, name: str, qos: str) -> tuple[str, Any]:
@@ -118,3 +136,45 @@ def test_updates_through_the_proxy_are_honest(
         row = _row(views_proxy, cid)
         assert (row["decided"], row["actual"], row["mark"]) == ("0", "0", "")
         assert "pinned by an operator" in row["why"]
+
+
+def test_an_operator_pin_survives_a_proxy_restart_until_unpinned(containerd: PrivateContainerd) -> None:
+    proxy = _configured(containerd, "pins", "reconcile_period_seconds = 1\n").start()
+    try:
+        with connect(proxy.address) as cri:
+            cid, pod = _pod(cri, containerd, "pinned", "burstable")
+        cgroup = lambda: read_container_cpuset(pod.linux.cgroup_parent, cid)  # noqa: E731
+        assert cgroup() == "0-1"
+        forced = _ctl(proxy, "update", "--force", "--cpuset-cpus", "1", cid)
+        assert forced.returncode == 0 and forced.stdout.strip() == cid, forced
+        assert cgroup() == "1"
+        assert proxy.stop() == 0
+        saved = json.loads(
+            (Path(proxy.args[proxy.args.index("--state-dir") + 1]) / "checkpoint.json").read_text()
+        )
+        assert {c["id"]: c["pin"] for c in saved["containers"]} == {cid: "1"}
+        proxy.start()
+        # the passes after the restart (recovery's, then a periodic one) read the cgroup and apply the
+        # decision: without the pin they would put the rules' 0-1 back
+        _wait(lambda: proxy.ctl_json("status", "-o", "json")["reconcile"]["passes"] >= 2, "two passes")
+        assert cgroup() == "1"
+        row = _row(proxy, cid)
+        assert (row["decided"], row["actual"], row["actual_source"], row["mark"], row["pinned"]) == (
+            "1",
+            "1",
+            "cgroup",
+            "",
+            "1",
+        )
+        assert "pinned by an operator" in row["why"] and "rules: 0-1" in row["why"]
+        assert proxy.ctl_json("status", "-o", "json")["pins"] == 1
+        unpinned = _ctl(proxy, "update", "--unpin", cid)
+        assert unpinned.returncode == 0 and unpinned.stdout.strip() == cid, unpinned
+        _wait(lambda: cgroup() == "0-1", "the rules' cpuset back in the cgroup")
+        row = _row(proxy, cid)
+        assert (row["decided"], row["pinned"]) == ("0-1", None) and "pinned" not in row["why"]
+        again = _ctl(proxy, "update", "--unpin", cid)
+        assert again.returncode == 1 and "has no operator pin" in again.stderr, again
+        assert proxy.ctl_json("status", "-o", "json")["pins"] == 0
+    finally:
+        proxy.stop()
