@@ -735,3 +735,19 @@ def test_events_stream_as_crictl_prints_them(bed: Bed) -> None:
         watcher.wait(10)
     out = bed.run("events", "--template", "{{.x}}", check=False)
     assert out.returncode == 1 and "template can't be used" in out.stderr
+
+
+def test_the_proxy_views_ask_without_grpcio(bed: Bed) -> None:
+    """`ctl status` (and every view) asks the admin socket over the light HTTP/2 client: grpcio is
+    not imported for it."""
+    probe = (
+        "import sys; from cri_proxy.cli import main; "
+        "code = main(['ctl', '-r', sys.argv[1], 'status', '-o', 'json']); "
+        "print('GRPC', 'grpc' in sys.modules); sys.exit(code)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, bed.proxy], capture_output=True, text=True, timeout=60, env=bed.env()
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "GRPC False" and json.loads("\n".join(lines[:-1]))["dry_run"] is True
