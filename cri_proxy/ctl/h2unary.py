@@ -16,6 +16,7 @@ import struct
 import time
 
 from cri_proxy.ctl.hpackdecode import Decoder, HpackError
+from cri_proxy.relay.wire import hpack_int
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
@@ -91,26 +92,12 @@ class TooLarge(Exception):
     """The request does not fit the peer's initial window: send it another way."""
 
 
-def _int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """HPACK's integer with an N-bit prefix (RFC 7541 5.1)."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def encode_headers(headers: list[tuple[str, str]]) -> bytes:
     """Literal fields without indexing, no Huffman: always valid, nothing to keep in step."""
     out = bytearray()
     for name, value in headers:
         raw_name, raw_value = name.encode(), value.encode()
-        out += b"\x00" + _int(len(raw_name), 7) + raw_name + _int(len(raw_value), 7) + raw_value
+        out += b"\x00" + hpack_int(len(raw_name), 7) + raw_name + hpack_int(len(raw_value), 7) + raw_value
     return bytes(out)
 
 

@@ -97,10 +97,20 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
     for cid, row in rows.items():
         if row["state"] != "running" or row["decided"] is None or cid not in parents:
             continue
-        real = read_container_cpuset(parents[cid], cid)
+        try:
+            real = read_container_cpuset(parents[cid], cid)
+        except FileNotFoundError:  # it exited after the listing: the next look sees it exited
+            return f"{row['pod']} {row['container']}: its cgroup went away after the listing"
         if real != row["decided"]:
             return f"{row['pod']} {row['container']}: cgroup has {real}, decided {row['decided']}"
     return None
+
+
+def pinned_story(proxy: ProxyProcess, cid: str) -> str:
+    """What the proxy says of a container that should be pinned: its row and its log lines."""
+    rows = [row for row in proxy.ctl_json("cpusets", "-o", "json") if row["id"] == cid]
+    lines = [line for line in proxy.log_path.read_text().splitlines() if cid[:13] in line]
+    return f"proxy row {rows}; log lines naming it: {lines[-15:]}"
 
 
 def lsr_pod(cri: CriClient, containerd: PrivateContainerd, name: str = "lsr") -> tuple[str, str, Any]:
@@ -132,6 +142,34 @@ def create(cri: CriClient, pod: tuple[str, Any], name: str, *, start: bool = Tru
     return cid
 
 
+@contextlib.contextmanager
+def creating(proxy: ProxyProcess, pod: tuple[str, Any], prefix: str) -> Iterator[list[str]]:
+    """A kubelet-like client creating containers in `pod` through the proxy, one after another,
+    retrying while the runtime or the proxy is away; yields the ids made so far."""
+    stop = threading.Event()
+    made: list[str] = []
+
+    def keep_creating() -> None:
+        n = 0
+        while not stop.is_set():
+            with connect(proxy.address) as cri:  # a new connection after a proxy restart
+                while not stop.is_set():
+                    n += 1
+                    try:
+                        made.append(create(cri, pod, f"{prefix}{n}"))
+                    except grpc.RpcError:
+                        time.sleep(0.05)  # the runtime or the proxy is away: kubelet retries too
+                        break
+
+    worker = threading.Thread(target=keep_creating)
+    worker.start()
+    try:
+        yield made
+    finally:
+        stop.set()
+        worker.join(60)
+
+
 def kill(proxy: ProxyProcess) -> None:
     assert proxy.proc is not None
     proxy.proc.send_signal(signal.SIGKILL)
@@ -149,7 +187,14 @@ def test_containers_created_or_exiting_behind_the_proxys_back(
     with connect(containerd.address) as direct:
         sneaky = create(direct, ls, "sneaky")  # not through the proxy: no cpuset, on 0-1
         assert read_container_cpuset(ls[1].linux.cgroup_parent, sneaky) == "0-1"
-    wait_for(lambda: mismatch(proxy, containerd))
+
+    def settled() -> str | None:
+        states = {row["id"]: row["state"] for row in proxy.ctl_json("cpusets", "-o", "json")}
+        if states.get(brief) != "exited":
+            return f"brief is {states.get(brief)}, not exited yet"
+        return mismatch(proxy, containerd)
+
+    wait_for(settled)
     rows = {row["id"]: row for row in proxy.ctl_json("cpusets", "-o", "json")}
     assert (rows[sneaky]["state"], rows[sneaky]["decided"]) == ("running", "0")  # adopted, moved
     assert rows[brief]["state"] == "exited"
@@ -241,29 +286,11 @@ def test_containerd_restarted_while_containers_are_created(
     with connect(proxy.address) as cri:
         _, lsr, lsr_config = lsr_pod(cri, containerd)
         ls = ls_pod(cri, containerd)
-    stop = threading.Event()
-    made: list[str] = []
-
-    def keep_creating() -> None:
-        with connect(proxy.address) as cri:
-            n = 0
-            while not stop.is_set():
-                n += 1
-                try:
-                    made.append(create(cri, ls, f"c{n}"))
-                except grpc.RpcError:
-                    time.sleep(0.05)  # the runtime is away: kubelet retries later too
-
-    worker = threading.Thread(target=keep_creating)
-    worker.start()
-    try:
+    with creating(proxy, ls, "c") as made:
         wait_for(lambda: None if len(made) >= 2 else "no container made yet")
         containerd.restart()
         count = len(made)
         wait_for(lambda: None if len(made) >= count + 3 else "no container made after the restart")
-    finally:
-        stop.set()
-        worker.join(60)
     wait_for(lambda: mismatch(proxy, containerd))
 
     # kubelet's static CPU manager re-sends its own cpuset: the LSR container stays pinned, LS too
@@ -275,7 +302,7 @@ def test_containerd_restarted_while_containers_are_created(
                 ),
                 timeout=30,
             )
-    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1"
+    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1", pinned_story(proxy, lsr)
     assert read_container_cpuset(ls[1].linux.cgroup_parent, made[-1]) == "0"
     wait_for(lambda: mismatch(proxy, containerd))
 
@@ -384,25 +411,11 @@ def test_kills_and_restarts_in_sequence_while_containers_are_created(
     with connect(proxy.address) as cri:
         _, lsr, lsr_config = lsr_pod(cri, containerd)
         ls = ls_pod(cri, containerd)
-    stop = threading.Event()
-    made: list[str] = []
-
-    def keep_creating() -> None:
-        with connect(proxy.address) as cri:
-            n = 0
-            while not stop.is_set():
-                n += 1
-                try:
-                    made.append(create(cri, ls, f"k{n}"))
-                except grpc.RpcError:
-                    time.sleep(0.05)
 
     def more(than: int) -> Callable[[], str | None]:
         return lambda: None if len(made) > than else f"no container made beyond {than}"
 
-    worker = threading.Thread(target=keep_creating)
-    worker.start()
-    try:
+    with creating(proxy, ls, "k") as made:
         for kill_first in (True, False, True):
             wait_for(more(len(made) + 1))
             if kill_first:
@@ -413,9 +426,6 @@ def test_kills_and_restarts_in_sequence_while_containers_are_created(
                 kill(proxy)
             proxy.start()
         wait_for(more(len(made) + 1))
-    finally:
-        stop.set()
-        worker.join(60)
     wait_for(lambda: mismatch(proxy, containerd))
     with connect(proxy.address) as cri:  # kubelet-style cpuset-only update: still pinned
         cri.runtime.UpdateContainerResources(
@@ -424,5 +434,5 @@ def test_kills_and_restarts_in_sequence_while_containers_are_created(
             ),
             timeout=30,
         )
-    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1"
+    assert read_container_cpuset(lsr_config.linux.cgroup_parent, lsr) == "1", pinned_story(proxy, lsr)
     wait_for(lambda: mismatch(proxy, containerd))
