@@ -11,7 +11,6 @@ Facts behind the settings: the project spec shared/spec/containerd-e2e.md.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gzip
 import hashlib
 import importlib
@@ -480,16 +479,6 @@ def _dead_port() -> int:
     return port
 
 
-# Resolved in the parent: the forked child must not dlopen (another thread may hold the loader's lock).
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the test process dies, so no containerd is left running."""
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class PrivateContainerd:
     """A containerd of our own, every path under ``workdir``, serving CRI on ``address``.
 
@@ -576,19 +565,22 @@ class PrivateContainerd:
             self.socket_path.unlink()  # stale after a SIGKILL
         self._close_log()
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in _close_log
-        # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only tie containerd to the main
-        # thread, which lives as long as the test process.
+        # SIGTERM to containerd when the test process dies, so none is left running. setpriv sets it
+        # after the fork, not a preexec_fn: a Python-level fork in a process with gRPC's threads can
+        # abort the child before it execs (seen: gRPC's poller in the child, SIGABRT). The death
+        # signal fires when the *thread* that forked exits: only the main thread's lives long enough.
         in_main = threading.current_thread() is threading.main_thread()
+        setpriv = shutil.which("setpriv")  # util-linux, essential on Debian
+        die_with_us = [setpriv, "--pdeathsig", "TERM", "--"] if in_main and setpriv else []
         began = time.monotonic()
         self._proc = subprocess.Popen(
-            [shutil.which("containerd") or "containerd", "--config", str(self.config_path)],
+            [*die_with_us, shutil.which("containerd") or "containerd", "--config", str(self.config_path)],
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             env=self._env,
             cwd=self.workdir,
             start_new_session=True,
-            preexec_fn=_die_with_parent if in_main else None,
         )
         self._wait_ready(began)
         self.start_seconds = time.monotonic() - began
