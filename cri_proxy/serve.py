@@ -74,7 +74,7 @@ class Proxy:
         self.kubelet_watch = KubeletWatch(self.kubelet, self.settings.get, self._facts_changed)
         self.table = HookTable()
         self.introspection = Introspection(self.state, self.policy)
-        self.health = HealthService(lambda: self.probe.up)
+        self.health = HealthService(lambda: self.probe.up, overall=lambda: self.healthy()[0])
         self.relay = Relay(config, self.table, settings=self.settings.get)
         self.admin = AdminServer(config, (self.introspection, self.health))
         self.probe = RuntimeProbe(self.relay.channel, config.runtime_endpoint, on_back=self._runtime_back)
@@ -231,6 +231,11 @@ class Proxy:
 
     # -- health and metrics -------------------------------------------------------------------
     async def _healthz(self) -> tuple[bool, str]:
+        return self.healthy()
+
+    def healthy(self) -> tuple[bool, str]:
+        """/healthz and grpc.health.v1's overall service: the runtime answers and no background
+        loop is down waiting for its restart (and why not)."""
         if not self.probe.up:
             return False, f"runtime {self.config.runtime_endpoint} not answering"
         healthy, why = self.supervisor.health()

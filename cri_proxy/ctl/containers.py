@@ -265,7 +265,18 @@ def rm(args: argparse.Namespace, conn: Conn) -> int:
     return _each(texts, conn, "removing", act)
 
 
+def _resource_flags(args: argparse.Namespace) -> bool:
+    """Whether `update` was given any resource to change (besides the proxy's --unpin)."""
+    values = (args.cpu_count, args.cpu_maximum, args.cpu_period, args.cpu_quota, args.cpu_share)
+    return any(values) or any((args.cpuset_cpus, args.cpuset_mems, args.memory, args.oom_score_adj))
+
+
 def update(args: argparse.Namespace, conn: Conn) -> int:
+    if args.unpin:
+        if args.cpuset_cpus or args.force:
+            raise CtlError("--unpin cannot be used with --cpuset-cpus or --force")
+        if not _resource_flags(args):  # the proxy's reconciler applies the rules' cpuset itself
+            return _each(args.ids, conn, "unpinning", lambda text, c: _unpin(conn, text, c.id))
     pb = conn.pb
     linux = pb.LinuxContainerResources(
         cpu_period=args.cpu_period,
@@ -282,14 +293,23 @@ def update(args: argparse.Namespace, conn: Conn) -> int:
         request.windows.cpu_count, request.windows.cpu_maximum = args.cpu_count, args.cpu_maximum
 
     def act(text: str, c: Any) -> None:
-        from cri_proxy.ctl.proxy import check_update
+        from cri_proxy.ctl.proxy import check_update, unpin
 
+        if args.unpin:
+            unpin(conn, c.id)
         check_update(conn, c.id, args.cpuset_cpus, args.force)  # the proxy's word first, unless --bypass
         request.container_id = c.id
         conn.runtime("UpdateContainerResources", request)
         print(text)
 
     return _each(args.ids, conn, "updating resources of", act)
+
+
+def _unpin(conn: Conn, text: str, container_id: str) -> None:
+    from cri_proxy.ctl.proxy import unpin
+
+    unpin(conn, container_id)
+    print(text)
 
 
 def _exec_targets(args: argparse.Namespace, conn: Conn) -> tuple[list[str], list[str], bool]:

@@ -172,7 +172,13 @@ def _containers(cmds: Any) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="cri-proxy: pin --cpuset-cpus on a container whose cpuset the proxy manages (kept)",
+        help="cri-proxy: pin --cpuset-cpus on a container whose cpuset the proxy manages "
+        "(kept across proxy restarts, until the container is removed or --unpin)",
+    )
+    p.add_argument(
+        "--unpin",
+        action="store_true",
+        help="cri-proxy: remove the pin --force set; the proxy applies the rules' cpuset again",
     )
 
     p = command(

@@ -10,10 +10,9 @@ import json
 import socket
 from typing import Any
 
-import grpc
-
 from cri_proxy.ctl.conn import Conn, describe
 from cri_proxy.ctl.errors import CtlError
+from cri_proxy.ctl.h2unary import RpcFailure, TooLarge
 from cri_proxy.ctl.output import plain_table, to_yaml
 
 INTROSPECT = "/cri_proxy.v1.Introspect/"
@@ -46,28 +45,51 @@ def admin_trouble(endpoint: str) -> str | None:
 
 
 def ask(conn: Conn, method: str, command_name: str, body: Any = None) -> Any:
-    """The JSON the proxy's introspection `method` answers, asked on its admin socket."""
+    """The JSON the proxy's introspection `method` answers, asked on its admin socket (over the
+    light HTTP/2 client: grpcio is imported only for a request too large for it)."""
     s = conn.settings
     if s.bypass:
         raise CtlError(f"`{command_name}` asks the proxy itself; it cannot be used with --bypass")
     endpoint = s.admin_endpoint
     conn.debug(f"{INTROSPECT}{method} on {endpoint}")
+    path = INTROSPECT + method
+    request = b"" if body is None else json.dumps(body).encode()
     try:
-        client = conn.client(endpoint)
-        request = b"" if body is None else json.dumps(body).encode()
-        reply: bytes = client.raw(INTROSPECT + method, request, timeout=s.timeout)
-    except grpc.RpcError as exc:
-        if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-            raise CtlError(f"{endpoint} is not a cri-proxy admin socket (no introspection service)") from None
-        if exc.code() is grpc.StatusCode.UNAVAILABLE:
-            trouble = admin_trouble(endpoint)
-            if trouble is not None:
-                raise CtlError(trouble) from None
-        raise CtlError(describe(exc, endpoint, "proxy", s.timeout)) from None
+        try:
+            wire = conn.wire(endpoint)
+            if wire is None:
+                raise TooLarge(path)
+            reply = wire.unary(path, request, s.timeout)
+        except TooLarge:
+            reply = _ask_grpc(conn, endpoint, path, request)
+    except RpcFailure as exc:
+        raise _failure(exc, endpoint, s.timeout) from None
     try:
         return json.loads(reply)
     except ValueError:
         raise CtlError(f"the proxy at {endpoint} answered {method} with something not JSON") from None
+
+
+def _ask_grpc(conn: Conn, endpoint: str, path: str, request: bytes) -> bytes:
+    import grpc
+
+    try:
+        reply: bytes = conn.client(endpoint).raw(path, request, timeout=conn.settings.timeout)
+    except grpc.RpcError as exc:
+        raise _failure(exc, endpoint, conn.settings.timeout) from None
+    return reply
+
+
+def _failure(exc: Exception, endpoint: str, timeout: float | None) -> CtlError:
+    """What the admin socket's failure means (grpcio's RpcError or the light client's RpcFailure)."""
+    code = exc.code().name if hasattr(exc, "code") else ""
+    if code == "UNIMPLEMENTED":
+        return CtlError(f"{endpoint} is not a cri-proxy admin socket (no introspection service)")
+    if code == "UNAVAILABLE":
+        trouble = admin_trouble(endpoint)
+        if trouble is not None:
+            return CtlError(trouble)
+    return CtlError(describe(exc, endpoint, "proxy", timeout))
 
 
 def _dump(data: Any, fmt: str = "json") -> None:
@@ -111,6 +133,13 @@ def check_update(conn: Conn, container_id: str, cpuset: str, force: bool) -> Non
     if conn.settings.bypass or not cpuset:
         return
     found = ask(conn, "Pin", "update", {"id": container_id, "cpuset": cpuset, "force": force})
+    if found.get("refused"):
+        raise CtlError(str(found["refused"]))
+
+
+def unpin(conn: Conn, container_id: str) -> None:
+    """`ctl update --unpin`: the proxy drops the operator's pin and goes back to the rules' cpuset."""
+    found = ask(conn, "Unpin", "update --unpin", {"id": container_id})
     if found.get("refused"):
         raise CtlError(str(found["refused"]))
 

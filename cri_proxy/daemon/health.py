@@ -1,8 +1,10 @@
 """`grpc.health.v1.Health` on the proxy's socket, answered with hand-encoded messages.
 
 HealthCheckRequest {string service = 1}; HealthCheckResponse {ServingStatus status = 1} with
-SERVING = 1, NOT_SERVING = 2, SERVICE_UNKNOWN = 3. Overall ("") and the two CRI services are
-SERVING while the runtime answers; anything else is SERVICE_UNKNOWN, as the standard says.
+SERVING = 1, NOT_SERVING = 2, SERVICE_UNKNOWN = 3. Overall ("") tells what /healthz tells: NOT_SERVING
+while the runtime does not answer or a supervised background loop is down waiting for its restart.
+The CRI services are SERVING while the runtime answers (the relay serves them whatever the loops
+do); anything else is SERVICE_UNKNOWN, as the standard says.
 """
 
 from __future__ import annotations
@@ -68,10 +70,17 @@ def _reply(status: int) -> bytes:
 
 
 class HealthService(GenericHandler):
-    """Check and Watch; `healthy()` says whether the runtime behind the proxy answers."""
+    """Check and Watch; `healthy()` says whether the runtime behind the proxy answers (the CRI
+    services), `overall()` whether the proxy as a whole is healthy (""; `healthy` when not given)."""
 
-    def __init__(self, healthy: Callable[[], bool], poll_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        healthy: Callable[[], bool],
+        poll_seconds: float = 1.0,
+        overall: Callable[[], bool] | None = None,
+    ) -> None:
         self.healthy = healthy
+        self.overall = overall if overall is not None else healthy
         self.poll_seconds = poll_seconds
         self._handlers: dict[str, Handler] = {
             f"/{SERVICE}/Check": grpc.unary_unary_rpc_method_handler(self._check),
@@ -81,7 +90,8 @@ class HealthService(GenericHandler):
     def status(self, service: str) -> int:
         if service not in KNOWN_SERVICES:
             return SERVICE_UNKNOWN
-        return SERVING if self.healthy() else NOT_SERVING
+        serving = self.overall() if service == "" else self.healthy()
+        return SERVING if serving else NOT_SERVING
 
     async def _check(self, request: bytes, context: Any) -> bytes:
         service = service_name(request)

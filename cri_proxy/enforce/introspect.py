@@ -4,7 +4,8 @@ Replies are JSON documents (UTF-8 bytes) rather than protobuf: the views are for
 scripts, and the snapshot is the `plan` input format itself, so `plan` can replay it.
 Methods: `Cpusets`, `Cpus`, `Pools`, `Problems`, `Status` (live: the runtime is listed and each
 container's real cpuset read at the time of the call), `Snapshot`, `Plan` (the decisions in `plan`
-output format), and `Pin` (JSON request: `ctl update --cpuset-cpus`'s check, `--force` pins).
+output format), `Pin` (JSON request: `ctl update --cpuset-cpus`'s check, `--force` pins) and
+`Unpin` (`ctl update --unpin`: back to the rules' cpuset).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Introspection(GenericHandler):
             "Snapshot": self._snapshot,
             "Plan": self._plan,
             "Pin": self._pin,
+            "Unpin": self._unpin,
         }
         self._handlers: dict[str, Handler] = {
             f"/{SERVICE}/{name}": grpc.unary_unary_rpc_method_handler(self._behaviour(view))
@@ -164,7 +166,8 @@ class Introspection(GenericHandler):
                 "managed": True,
                 "refused": f"{who} is {d.qos}: the proxy manages its cpuset and the rules give it "
                 f"{rules_text} ({d.why}); the proxy would replace {cpus} with "
-                f"{d.cpuset}. Use --force to pin {cpus} (kept until the container is removed)",
+                f"{d.cpuset}. Use --force to pin {cpus} (kept until the container is removed or "
+                "`ctl update --unpin` removes the pin)",
                 "code": "FAILED_PRECONDITION",
             }
         if rules is not None and cpus == rules:
@@ -176,6 +179,28 @@ class Introspection(GenericHandler):
         if self.reconciler is not None:
             self.reconciler.request()
         return {"managed": True, "pinned": str(cpus)}
+
+    async def _unpin(self, body: bytes) -> Any:
+        """`{"id"}`: remove an operator's pin; the reconciler then applies the rules' cpuset."""
+        try:
+            cid = str(json.loads(body or b"{}")["id"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return {"refused": f"bad Unpin request: {exc}", "code": "INVALID_ARGUMENT"}
+        c = self.state.container(cid)
+        if c is None:
+            return {"refused": f"container {cid[:13]} is not tracked by the proxy", "code": "NOT_FOUND"}
+        log, who = about(self.state, c)
+        if not self.policy.unpin(cid):
+            return {
+                "refused": f"{who} has no operator pin (`ctl update --cpuset-cpus X --force` sets one)",
+                "code": "FAILED_PRECONDITION",
+            }
+        rules = self.policy.rules_cpuset(cid)
+        rules_text = str(rules) if rules is not None else "none (left unchanged)"
+        log.warning("{}: operator pin {} removed; back to the rules' cpuset {}", who, c.pin, rules_text)
+        if self.reconciler is not None:
+            self.reconciler.request()
+        return {"unpinned": c.pin, "cpuset": rules_text}
 
     @staticmethod
     def _behaviour(view: View) -> Any:

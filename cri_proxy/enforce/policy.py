@@ -11,7 +11,7 @@ from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topolo
 from cri_proxy.enforce.exclusivity import Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
-from cri_proxy.state.model import NodeState
+from cri_proxy.state.model import LIVE_STATES, NodeState
 
 
 class Policy:
@@ -33,17 +33,28 @@ class Policy:
         self._facts_version = 0
         self._cached: tuple[int, int, Config, Plan] | None = None
         self._rules: Plan | None = None  # the rules' plan before pins and explanations
-        self.pins: dict[str, CPUSet] = {}  # container id -> cpuset an operator forced (`ctl update --force`)
 
-    def pin(self, container_id: str, cpus: CPUSet) -> None:
-        """An operator's explicit override: this container keeps `cpus` until it is gone or unpinned."""
-        self.pins[container_id] = cpus
-        self.facts_changed()
+    @property
+    def pins(self) -> dict[str, CPUSet]:
+        """Live containers' operator pins (`ctl update --force`): container id -> cpuset. They are
+        kept on the container's record, so they are checkpointed and go with the container."""
+        return {
+            c.id: CPUSet.parse(c.pin)
+            for c in self.state.containers()
+            if c.pin is not None and c.state in LIVE_STATES
+        }
+
+    def pin(self, container_id: str, cpus: CPUSet) -> bool:
+        """An operator's explicit override: this container keeps `cpus` until it is gone or unpinned.
+        False when the proxy does not know the container."""
+        return self.state.update_container(container_id, pin=str(cpus)) is not None
 
     def unpin(self, container_id: str) -> bool:
-        if self.pins.pop(container_id, None) is None:
+        """Back to the rules' cpuset; False when the container had no pin."""
+        c = self.state.container(container_id)
+        if c is None or c.pin is None:
             return False
-        self.facts_changed()
+        self.state.update_container(container_id, pin=None)
         return True
 
     def facts_changed(self) -> None:
@@ -116,8 +127,6 @@ class Policy:
         an operator's pin replaces the rules' cpuset (and says so)."""
         sourced = self.state.api_sourced()
         pins = {cid: cpus for cid, cpus in self.pins.items() if cid in plan.containers}
-        if len(pins) != len(self.pins):  # pins of containers that are gone
-            self.pins = pins
         if not sourced and not pins:
             return plan
         containers = {}

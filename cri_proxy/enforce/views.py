@@ -65,6 +65,7 @@ def container_rows(i: Inputs) -> list[dict[str, Any]]:
                 "actual_source": seen.source if seen is not None and actual is not None else None,
                 "mark": mark,
                 "why": d.why if d is not None else "sandbox not ready",
+                "pinned": c.pin,
                 "dry_run": i.dry_run,
             }
         )
@@ -85,6 +86,7 @@ def container_rows(i: Inputs) -> list[dict[str, Any]]:
                 "actual_source": s.source or None,
                 "mark": UNTRACKED,
                 "why": "not tracked by the proxy (created behind its back, or not recovered yet)",
+                "pinned": None,
                 "dry_run": i.dry_run,
             }
         )

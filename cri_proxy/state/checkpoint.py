@@ -21,7 +21,8 @@ from typing import Any, TypeAlias, TypeVar
 from google.protobuf.message import DecodeError
 
 from cri_api.v1 import api_pb2 as v1
-from cri_proxy.errors import CheckpointError
+from cri_proxy.cpu import CPUSet
+from cri_proxy.errors import CheckpointError, CpuError
 from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
 
 VERSION = 1
@@ -64,6 +65,7 @@ def dumps(pods: list[PodRecord], containers: list[ContainerRecord], written_at: 
                 "actual_cpuset": c.actual_cpuset,
                 "actual_source": c.actual_source,
                 "actual_at": c.actual_at,
+                "pin": c.pin,
             }
             for c in containers
         ],
@@ -201,6 +203,22 @@ def _actual(obj: Mapping[str, Any], where: str) -> tuple[str | None, str, float]
     return cpuset, source, float(at)
 
 
+def _pin(obj: Mapping[str, Any], where: str) -> str | None:
+    """An operator's pin (a cpuset, canonical); absent in checkpoints written before pins were kept."""
+    pin = obj.get("pin")
+    if pin is None:
+        return None
+    if not isinstance(pin, str):
+        raise CheckpointError(f"{where}.pin is {_describe(pin)}, not str or null")
+    try:
+        cpus = CPUSet.parse(pin)
+    except CpuError as err:
+        raise CheckpointError(f"{where}.pin {pin!r} is not a cpuset: {err}") from err
+    if not cpus:
+        raise CheckpointError(f"{where}.pin is empty, not a cpuset")
+    return str(cpus)
+
+
 def _container(item: object, where: str) -> ContainerRecord:
     obj = _record(item, where)
     try:
@@ -216,6 +234,7 @@ def _container(item: object, where: str) -> ContainerRecord:
     if applied is not None and not isinstance(applied, str):  # also when missing
         raise CheckpointError(f"{where}.applied is {_describe(applied)}, not str or null")
     actual_cpuset, actual_source, actual_at = _actual(obj, where)
+    pin = _pin(obj, where)
     return ContainerRecord(
         id=_get(obj, "id", str, where),
         sandbox_id=_get(obj, "sandbox_id", str, where),
@@ -228,4 +247,5 @@ def _container(item: object, where: str) -> ContainerRecord:
         actual_cpuset=actual_cpuset,
         actual_source=actual_source,
         actual_at=actual_at,
+        pin=pin,
     )

@@ -59,7 +59,11 @@ class ContainerRecord:
     `actual_cpuset` is what the container really has, as last read (canonical; None: never read),
     `actual_source` where it was read (`ACTUAL_CGROUP`: its cgroup's `cpuset.cpus`, the truth;
     `ACTUAL_STATUS`: the runtime's ContainerStatus, when the cgroup cannot be read) and
-    `actual_at` when (Unix time). Not checkpointed: it is read again after a restart.
+    `actual_at` when (Unix time). Checkpointed as a last reading only: it is read again after a restart.
+
+    `pin` is the canonical cpuset an operator forced (`ctl update --cpuset-cpus X --force`), which
+    replaces the rules' set until it is removed (`ctl update --unpin`) or the container is; None:
+    no pin. Checkpointed, so it survives a proxy restart, and it goes with the record.
     """
 
     id: str
@@ -73,6 +77,7 @@ class ContainerRecord:
     actual_cpuset: str | None = None
     actual_source: str = ""
     actual_at: float = 0.0
+    pin: str | None = None
 
     def linux_resources(self) -> v1.LinuxContainerResources:
         return v1.LinuxContainerResources.FromString(self.resources)

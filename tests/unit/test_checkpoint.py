@@ -6,6 +6,7 @@ import base64
 import errno
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ PODS = [
     ),
 ]
 CONTAINERS = [
-    ContainerRecord("c1", "s1", "app", RESOURCES, ContainerState.RUNNING, "0-1", 3),
+    ContainerRecord("c1", "s1", "app", RESOURCES, ContainerState.RUNNING, "0-1", 3, pin="1"),
     ContainerRecord("c2", "s1", "sidecar", b"", ContainerState.CREATED, "", 0, "v1alpha2"),
     ContainerRecord("pending-1", "s1", "init", RESOURCES, ContainerState.PENDING, None),
     ContainerRecord("c3", "s2", "done", b"", ContainerState.EXITED, None, 7),
@@ -230,6 +231,9 @@ BAD: dict[str, tuple[bytes | Any, str]] = {
     "ctr-attempt-bool": (_set("containers.0.attempt", True), "containers[0].attempt is bool"),
     "ctr-attempt-float": (_set("containers.0.attempt", 1.0), "containers[0].attempt is float"),
     "ctr-id-null": (_set("containers.2.id", None), "containers[2].id is null"),
+    "ctr-pin-int": (_set("containers.0.pin", 1), "containers[0].pin is int, not str or null"),
+    "ctr-pin-not-cpuset": (_set("containers.0.pin", "1-x"), "containers[0].pin '1-x' is not a cpuset"),
+    "ctr-pin-empty": (_set("containers.0.pin", ""), "containers[0].pin is empty"),
 }
 
 
@@ -252,3 +256,21 @@ def test_unknown_keys_are_ignored(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(doc))
     assert checkpoint.load(path) == (PODS, CONTAINERS)
+
+
+def test_a_checkpoint_from_before_pins_loads_without_them(tmp_path: Path) -> None:
+    """Checkpoints written before operator pins were kept have no `pin` key: no pin, no error."""
+    doc = _doc()
+    for c in doc["containers"]:
+        del c["pin"]
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps(doc))
+    loaded = checkpoint.load(path)
+    assert loaded is not None
+    assert [c.pin for c in loaded[1]] == [None] * len(CONTAINERS)
+    assert loaded[1][0] == replace(CONTAINERS[0], pin=None)
+
+
+def test_a_pin_is_written_canonical_and_null_without_one() -> None:
+    doc = _doc()
+    assert [c["pin"] for c in doc["containers"]] == ["1", None, None, None]

@@ -331,6 +331,11 @@ def test_inspect_has_camel_case_keys_and_update_shows(bed: Bed) -> None:
     both = bed.json("inspect", cid, cid)
     assert isinstance(both, list) and len(both) == 2
     assert "status:" in bed.run("inspect", "-o", "yaml", cid).stdout
+    # --unpin: a usage error with the flags that pin; without a pin the proxy says there is none
+    both = bed.run("update", "--unpin", "--cpuset-cpus", "0", cid[:12], check=False)
+    assert both.returncode == 1 and "--unpin cannot be used with --cpuset-cpus or --force" in both.stderr
+    none = bed.run("update", "--unpin", cid[:12], check=False)
+    assert none.returncode == 1 and "ctl-test/gamma gamma" in none.stderr and "no operator pin" in none.stderr
 
 
 def test_id_prefixes_unique_ambiguous_unknown(bed: Bed) -> None:
@@ -730,3 +735,19 @@ def test_events_stream_as_crictl_prints_them(bed: Bed) -> None:
         watcher.wait(10)
     out = bed.run("events", "--template", "{{.x}}", check=False)
     assert out.returncode == 1 and "template can't be used" in out.stderr
+
+
+def test_the_proxy_views_ask_without_grpcio(bed: Bed) -> None:
+    """`ctl status` (and every view) asks the admin socket over the light HTTP/2 client: grpcio is
+    not imported for it."""
+    probe = (
+        "import sys; from cri_proxy.cli import main; "
+        "code = main(['ctl', '-r', sys.argv[1], 'status', '-o', 'json']); "
+        "print('GRPC', 'grpc' in sys.modules); sys.exit(code)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, bed.proxy], capture_output=True, text=True, timeout=60, env=bed.env()
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "GRPC False" and json.loads("\n".join(lines[:-1]))["dry_run"] is True

@@ -261,3 +261,58 @@ def _probe(url: str) -> tuple[int, str]:
         return _get(url)
     except urllib.error.URLError:  # not listening yet
         return 0, ""
+
+
+def test_grpc_health_tells_what_healthz_tells(tmp_path: Path) -> None:
+    """grpc.health.v1 on the admin socket: the overall service ("") is NOT_SERVING while a loop is
+    down waiting for its restart, as /healthz is 503; SERVING again once it is back; and both say
+    so while the runtime does not answer (then the CRI services are NOT_SERVING too)."""
+    from tests.unit.test_admin_socket import HEALTH
+
+    def request(service: str) -> bytes:
+        name = service.encode()
+        return bytes([0x0A, len(name)]) + name if name else b""
+
+    async def main() -> None:
+        async with node(tmp_path, metrics_address="127.0.0.1:0") as n:
+            proxy = n.proxy
+            assert proxy.http is not None
+            base = f"http://127.0.0.1:{proxy.http.port}"
+            check = n.admin.unary_unary(HEALTH, None, None)
+
+            async def status(service: str = "") -> int:
+                reply: bytes = await check(request(service), timeout=5)
+                return reply[1]
+
+            await _until(lambda: proxy.probe.up, "the runtime probe")
+            assert (await status(), await status("runtime.v1.RuntimeService")) == (1, 1)
+            assert (await _http(base + "/healthz"))[0] == 200
+            broken = asyncio.Event()
+            real_refresh = proxy.kubelet.refresh
+
+            async def refresh() -> bool:
+                if not broken.is_set():
+                    raise RuntimeError("kubelet file reader broke")
+                return await real_refresh()
+
+            proxy.kubelet.refresh = refresh  # type: ignore[method-assign]
+            proxy.supervisor.backoff = Backoff(first=0.2, most=0.5)
+            await _until(lambda: proxy.supervisor.down(), "the failure")
+
+            async def not_serving() -> bool:
+                return await status() == 2
+
+            await _until(not_serving, "NOT_SERVING while the loop is down")
+            assert (await _http(base + "/healthz"))[0] == 503
+            assert await status("runtime.v1.RuntimeService") == 1  # the relay serves CRI meanwhile
+            broken.set()
+            await _until(lambda: not proxy.supervisor.down(), "the loop up again")
+            assert await status() == 1 and (await _http(base + "/healthz"))[0] == 200
+            # the runtime gone: every service NOT_SERVING, as /healthz says
+            await n.fake.stop(0)
+            await _until(lambda: not proxy.probe.up, "the probe to see the runtime gone")
+            assert (await status(), await status("runtime.v1.RuntimeService")) == (2, 2)
+            status_code, text = await _http(base + "/healthz")
+            assert status_code == 503 and "not answering" in text
+
+    run(main())

@@ -13,6 +13,7 @@ import pytest
 from loguru import logger
 
 from cri_api.v1 import api_pb2 as v1
+from cri_proxy.cpu import CPUSet
 from tests.unit.enforce_support import QOS_LABEL, Node, alloc, node
 from tests.unit.relay_support import run
 
@@ -177,3 +178,62 @@ def test_the_cpus_table_is_coloured_only_on_a_terminal() -> None:
     assert plain[2].split() == ["1", "LS,BE", "-", "-", "-"]
     coloured = table(rows, tty=True).splitlines()
     assert coloured[1].startswith(RED) and "\x1b" not in coloured[2]
+
+
+async def unpin(n: Node, cid: str) -> Any:
+    body = json.dumps({"id": cid}).encode()
+    return json.loads(await n.admin.unary_unary("/cri_proxy.v1.Introspect/Unpin", None, None)(body))
+
+
+def test_an_operator_pin_survives_a_restart_until_unpinned_or_the_container_is_gone(tmp_path: Path) -> None:
+    from cri_proxy.fake_runtime.server import FakeOptions, FakeRuntime
+    from cri_proxy.state import checkpoint
+
+    async def main() -> None:
+        fake = FakeRuntime(FakeOptions(listen=f"unix://{tmp_path}/runtime.sock"))
+        await fake.start()
+        try:
+            async with node(tmp_path, fake=fake) as n:
+                _, ls = await n.run_pod("ls", "burstable", containers=("a", "b", "c"))
+                a, b, c = ls["a"], ls["b"], ls["c"]
+                for cid, cpus in ((a, "3"), (b, "4-5"), (c, "6")):
+                    assert (await pin(n, cid, cpus, force=True))["pinned"] == cpus
+                await n.settle()
+                assert (n.cpuset(a), n.cpuset(b), n.cpuset(c)) == ("3", "4-5", "6")
+                await n.proxy.checkpoints.save()
+            saved = checkpoint.load(tmp_path / "state/checkpoint.json")
+            assert saved is not None and {r.id: r.pin for r in saved[1]} == {a: "3", b: "4-5", c: "6"}
+            del fake.store.containers[c]  # gone at the runtime while the proxy is down
+            (tmp_path / "proxy.sock").unlink(missing_ok=True)
+            async with node(tmp_path, fake=fake, reconcile_period_seconds=3600) as n:
+                await n.settle()
+                assert n.proxy.policy.pins == {a: CPUSet.parse("3"), b: CPUSet.parse("4-5")}
+                rows = {r["id"]: r for r in await n.introspect("Cpusets")}
+                assert (rows[a]["decided"], rows[a]["actual"], rows[a]["mark"], rows[a]["pinned"]) == (
+                    "3",
+                    "3",
+                    "",
+                    "3",
+                )
+                assert "pinned by an operator" in rows[a]["why"] and "rules: 0-15" in rows[a]["why"]
+                assert c not in rows and (await n.introspect("Status"))["pins"] == 2
+                # the rules' set again is applied by the proxy itself
+                assert (await unpin(n, a)) == {"unpinned": "3", "cpuset": "0-15"}
+                await n.settle()
+                assert n.cpuset(a) == "0-15" and n.cpuset(b) == "4-5"
+                refused = await unpin(n, a)
+                assert refused["code"] == "FAILED_PRECONDITION" and "default/ls a" in refused["refused"]
+                assert "no operator pin" in refused["refused"]
+                assert (await unpin(n, "nosuch"))["code"] == "NOT_FOUND"
+                # a container removed through the proxy takes its pin with it
+                rt = n.stub()
+                await rt.StopContainer(v1.StopContainerRequest(container_id=b))
+                await rt.RemoveContainer(v1.RemoveContainerRequest(container_id=b))
+                assert n.proxy.state.container(b) is None and not n.proxy.policy.pins
+                await n.proxy.checkpoints.save()
+            saved = checkpoint.load(tmp_path / "state/checkpoint.json")
+            assert saved is not None and all(r.pin is None for r in saved[1])
+        finally:
+            await fake.stop(0)
+
+    run(main())
