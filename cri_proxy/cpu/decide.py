@@ -278,7 +278,7 @@ def _holders(survey: _Survey, pools: Pools, reserved: CPUSet) -> dict[QoS, tuple
     """Who took the share pools' CPUs, per pool (LS: reserved, LSE, LSR, kubelet; BE: no LSR)."""
     exclusive = [
         (f"{survey.classes[key]} {key} ({cpus})", survey.classes[key])
-        for key, cpus in sorted(survey.claims, key=lambda kc: kc[1].mask)
+        for key, cpus in sorted(survey.claims, key=lambda kc: (kc[1].mask, kc[0]))  # any pod order
     ]
     common = [f"reserved ({reserved})"] if reserved else []
     kubelet = [f"kubelet static CPU manager ({pools.kubelet})"] if pools.kubelet else []
