@@ -43,7 +43,7 @@ class Syncer:
         self._one = asyncio.Lock()
         self._reported: frozenset[str] = frozenset()
         self._learning: asyncio.Future[Merged] | None = None
-        self._learned_at = -LEARN_EVERY
+        self._learned_at: float | None = None  # when the last on-demand listing began
 
     async def learn(self, within: float) -> None:
         """A call names a container the state lacks (created behind the proxy's back, or not yet
@@ -51,7 +51,7 @@ class Syncer:
         share one listing; at most one a `LEARN_EVERY`; waits at most `within` seconds, and a
         failed listing only means the caller goes on with what is known."""
         if self._learning is None:
-            if time.monotonic() - self._learned_at < LEARN_EVERY:
+            if self._learned_at is not None and time.monotonic() - self._learned_at < LEARN_EVERY:
                 return
             self._learned_at = time.monotonic()
             self._learning = asyncio.ensure_future(self.sync(full=False))

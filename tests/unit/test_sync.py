@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc.aio
+import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_api.v1 import api_pb2_grpc as v1_grpc
@@ -63,7 +64,7 @@ def test_created_and_exited_behind_the_proxys_back_within_a_period(tmp_path: Pat
     run(main())
 
 
-def test_on_demand_listings_are_shared_and_rationed() -> None:
+def test_on_demand_listings_are_shared_and_rationed(monkeypatch: pytest.MonkeyPatch) -> None:
     """`learn` (an update naming an unknown container): concurrent callers share one listing, no more
     than one a LEARN_EVERY, and a listing that fails or is slow only returns the caller."""
     from cri_proxy.enforce import sync
@@ -74,27 +75,31 @@ def test_on_demand_listings_are_shared_and_rationed() -> None:
         syncer = sync.Syncer(NodeState(), grpc.aio.insecure_channel("unix:///nonexistent"))
         listings: list[float] = []
         outcome: list[Exception | None] = [None]
+        gate = asyncio.Event()
+        gate.set()
 
         async def listing(full: bool = False) -> Merged:  # stands in for ListPodSandbox/ListContainers
             listings.append(asyncio.get_running_loop().time())
             await asyncio.sleep(0.05)
+            await gate.wait()
             if outcome[0] is not None:
                 raise outcome[0]
             return Merged(pods={}, containers={})
 
         syncer.sync = listing  # type: ignore[method-assign]
+        monkeypatch.setattr(sync, "LEARN_EVERY", 3600.0)  # rationed: one listing, then none
         await asyncio.gather(*(syncer.learn(1.0) for _ in range(5)))
         assert len(listings) == 1
         await syncer.learn(1.0)
-        assert len(listings) == 1  # within LEARN_EVERY of the last: what is known will do
-        syncer._learned_at -= sync.LEARN_EVERY  # as if a second had passed
+        assert len(listings) == 1  # within LEARN_EVERY of the last one: what is known will do
+        monkeypatch.setattr(sync, "LEARN_EVERY", 0.0)  # from here on, as if a second had passed each time
         outcome[0] = RuntimeError("runtime away")
         await syncer.learn(1.0)  # does not raise
         assert len(listings) == 2
-        syncer._learned_at -= sync.LEARN_EVERY
         outcome[0] = None
-        began = asyncio.get_running_loop().time()
-        await syncer.learn(0.01)  # gives up waiting; the listing goes on for the next caller
-        assert asyncio.get_running_loop().time() - began < 0.05 + 0.5 and len(listings) == 3
+        gate.clear()  # the next listing hangs until the gate opens
+        await asyncio.wait_for(syncer.learn(0.01), 5)  # the caller gives up waiting; no hang
+        assert len(listings) == 3
+        gate.set()
 
     run(main())
