@@ -21,6 +21,21 @@ import h2.events
 import h2.settings
 
 
+def recv_before(sock: socket.socket, deadline: float, size: int) -> bytes | None:
+    """What the peer sent before `deadline` (b"": it closed or reset the connection; None: nothing
+    came in time)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    sock.settimeout(left)
+    try:
+        return sock.recv(size)
+    except TimeoutError:
+        return None
+    except OSError:
+        return b""
+
+
 @dataclass
 class Call:
     """What came back on one stream."""
@@ -84,16 +99,11 @@ class H2Client:
     # -- reading ---------------------------------------------------------------------------------
     def _read_once(self, deadline: float) -> bool:
         """Read what arrives before `deadline`; False when nothing came in time."""
-        left = deadline - time.monotonic()
-        if left <= 0 or self.closed:
+        if self.closed:
             return False
-        self.sock.settimeout(left)
-        try:
-            data = self.sock.recv(1 << 16)
-        except TimeoutError:
+        data = recv_before(self.sock, deadline, 1 << 16)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self.closed = True
             return True
@@ -332,16 +342,11 @@ class RawH2:
     # -- reading ---------------------------------------------------------------------------------
     def read(self, deadline: float) -> bool:
         """Take what arrives before `deadline`; False when nothing did."""
-        left = deadline - time.monotonic()
-        if left <= 0 or self.closed:
+        if self.closed:
             return False
-        self.sock.settimeout(left)
-        try:
-            data = self.sock.recv(1 << 18)
-        except TimeoutError:
+        data = recv_before(self.sock, deadline, 1 << 18)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self.closed = True
             return True
