@@ -24,6 +24,7 @@ from cri_api.v1 import api_pb2 as v1
 from cri_proxy.relay import wire
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.methods import MethodInfo
+from tests.h2raw import request_headers
 from tests.unit.relay_support import bed, run
 
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -87,16 +88,7 @@ class RawClient:
         self, path: str, body: bytes | None, extra: list[tuple[str, str]] | None = None, end: bool = True
     ) -> int:
         sid: int = self.conn.get_next_available_stream_id()
-        headers = [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path),
-            (":authority", "localhost"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            *(extra or []),
-        ]
-        self.conn.send_headers(sid, headers, end_stream=body is None)
+        self.conn.send_headers(sid, request_headers(path, extra or ()), end_stream=body is None)
         if body is not None:
             self.conn.send_data(sid, body, end_stream=end)
         self.flush()
