@@ -8,7 +8,7 @@ shown to the caller. Every hook run is timed and counted here, and nowhere else.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -111,13 +111,7 @@ class HookRunner:
             self._count(info, "post", "undecodable", began)
             logger.warning("{}: cannot decode the runtime's response for post hook: {}", info.path, exc)
             return
-        try:
-            await hooks.post(request, response, info)
-        except Exception as exc:
-            self._count(info, "post", "error", began)
-            logger.opt(exception=exc).error("{}: post hook failed: {}", info.path, exc)
-            return
-        self._count(info, "post", "ok", began)
+        await self._settle(info, "post", began, hooks.post(request, response, info))
 
     async def failed(self, info: MethodInfo, hooks: Hooks, request: Message, code: int) -> None:
         """The call did not succeed (refused, cancelled, runtime lost): let the hooks roll back."""
@@ -125,10 +119,14 @@ class HookRunner:
             return
         began = perf_counter()
         status = CODES.get(code, grpc.StatusCode.UNKNOWN)
+        await self._settle(info, "failed", began, hooks.failed(request, status, info))
+
+    async def _settle(self, info: MethodInfo, stage: str, began: float, run: Awaitable[None]) -> None:
+        """Run a hook that comes after the call (nothing left to refuse): count it; log a failure."""
         try:
-            await hooks.failed(request, status, info)
+            await run
         except Exception as exc:
-            self._count(info, "failed", "error", began)
-            logger.opt(exception=exc).error("{}: failed hook failed: {}", info.path, exc)
+            self._count(info, stage, "error", began)
+            logger.opt(exception=exc).error("{}: {} hook failed: {}", info.path, stage, exc)
             return
-        self._count(info, "failed", "ok", began)
+        self._count(info, stage, "ok", began)
