@@ -8,7 +8,8 @@ from types import MappingProxyType
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
-from cri_proxy.enforce.exclusivity import Overlap, overlap_problems, overlaps
+from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.model import NodeState
@@ -33,6 +34,7 @@ class Policy:
         self._facts_version = 0
         self._cached: tuple[int, int, Config, Plan] | None = None
         self._rules: Plan | None = None  # the rules' plan before pins and explanations
+        self._memo = DecideMemo()  # unchanged pods are not decided again
         self.pins: dict[str, CPUSet] = {}  # container id -> cpuset an operator forced (`ctl update --force`)
 
     def pin(self, container_id: str, cpus: CPUSet) -> None:
@@ -79,7 +81,7 @@ class Policy:
         generation, facts, settings = self.state.generation, self._facts_version, self.settings()
         cached = self._cached
         if cached is None or cached[:2] != (generation, facts) or cached[2] is not settings:
-            self._rules = decide(self.inputs())
+            self._rules = decide(self.inputs(), self._memo)
             plan = self._live_problems(self._explain(self._rules))
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
@@ -103,7 +105,7 @@ class Policy:
         found = overlap_problems(self._overlaps(plan))
         if not text and not found:
             return plan
-        return Plan(plan.pools, plan.containers, (*plan.problems, *text, *found))
+        return replace(plan, problems=(*plan.problems, *text, *found))
 
     def rules_cpuset(self, container_id: str) -> CPUSet | None:
         """The cpuset the rules alone give a container (an operator's pin aside)."""
@@ -130,4 +132,8 @@ class Policy:
                     d, cpuset=pins[cid], why=f"pinned by an operator (ctl update --force); rules: {rule}"
                 )
             containers[cid] = d
-        return Plan(plan.pools, MappingProxyType(containers), plan.problems)
+        exclusive = None
+        if plan.exclusive is not None:  # a pin may give an exclusive container its cpuset, or take it
+            pinned = {cid for cid in pins if containers[cid].qos in EXCLUSIVE and containers[cid].cpuset}
+            exclusive = (plan.exclusive - pins.keys()) | pinned
+        return Plan(plan.pools, MappingProxyType(containers), plan.problems, exclusive)

@@ -16,9 +16,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from cri_proxy.cpu import ContainerInfo, CPUSet, NodeInputs, Topology, decide
+from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.cpu.keys import QOS_LABEL
 from cri_proxy.state.merge import Known, Listing, merge
-from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
+from cri_proxy.state.model import LIVE_STATES, ContainerRecord, ContainerState, NodeState, PodRecord
 
+TOPOLOGY = Topology.single_node(CPUSet.parse("0-7"))
 R, C, X, P = ContainerState.RUNNING, ContainerState.CREATED, ContainerState.EXITED, ContainerState.PENDING
 
 
@@ -137,6 +141,7 @@ class Interleavings(RuleBasedStateMachine):
         self.checkpoint: tuple[list[PodRecord], list[ContainerRecord]] = ([], [])
         self.answered: set[str] = set()  # created through this proxy process (its answer relayed)
         self.removed: set[str] = set()  # removed through the proxy
+        self.memo = DecideMemo()
 
     def _new(self, prefix: str) -> str:
         return f"{prefix}{next(self.ids)}"
@@ -263,7 +268,40 @@ class Interleavings(RuleBasedStateMachine):
         self.answered.clear()
         self.removed.clear()
 
+    @precondition(lambda self: self.runtime.pods)
+    @rule(data=st.data(), qos=st.sampled_from(["LSE", "LS", None]))
+    def api_view_changes(self, data: st.DataObject, qos: str | None) -> None:
+        uid = f"uid-{data.draw(st.sampled_from(sorted(self.runtime.pods)))}"
+        if qos is None:
+            self.state.forget_api_view(uid)
+        else:
+            self.state.set_api_view(uid, {QOS_LABEL: qos}, {})
+
     # -- what must hold ------------------------------------------------------------------------
+    @invariant()
+    def the_rules_view_follows_every_change(self) -> None:
+        """The PodInfos the state keeps per pod are what its records say now, and a plan decided
+        with the memo of the earlier ones is the plan decided afresh."""
+        containers = self.state.containers()
+        views, sourced = self.state.api_views(), self.state.api_sourced()
+        fresh = []
+        for p in self.state.pods():
+            if not p.ready:
+                continue
+            labels = dict(p.labels)
+            if "QoS label" in sourced.get(p.key, ""):  # the API view's label won
+                labels = {k: v for k, v in labels.items() if k != QOS_LABEL} | dict(views[p.uid].labels)
+            live = [
+                ContainerInfo(c.id, c.name)
+                for c in containers
+                if c.sandbox_id == p.sandbox_id and c.state in LIVE_STATES
+            ]
+            fresh.append((p.uid, p.name, p.cgroup_parent, labels, tuple(live)))
+        kept = self.state.pod_infos()
+        assert [(i.uid, i.name, i.cgroup_parent, dict(i.labels), i.containers) for i in kept] == fresh
+        inputs = NodeInputs(TOPOLOGY, pods=kept)
+        assert decide(inputs, self.memo) == decide(inputs)
+
     @invariant()
     def never_lost_never_back(self) -> None:
         have = {c.id for c in self.state.containers()}
