@@ -313,14 +313,20 @@ class DecideMemo:
     Per pod (by identity: the caller hands the same `PodInfo` object while the pod is unchanged),
     its parsed labels and annotations, and its containers' decisions and problems as long as the
     pools and everything else they depend on are equal. Only the last call's pods are kept.
+
+    After a call, `changed` names the containers whose decision may differ from the call before
+    (those of pods decided again, or gone); None: any may (the first call, other pools, ...).
     """
 
-    __slots__ = ("context", "parsed", "pods")
+    __slots__ = ("changed", "context", "merged", "order", "parsed", "pods")
 
     def __init__(self) -> None:
         self.context: tuple[object, ...] = ()
         self.parsed: dict[int, tuple[PodInfo, _Parsed]] = {}
         self.pods: dict[int, _PodDone] = {}
+        self.order: list[_PodDone] = []  # the last call's pods, in order
+        self.merged: dict[str, ContainerDecision] = {}  # the last call's decisions (never changed)
+        self.changed: set[str] | None = None
 
 
 def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) -> _PodDone:
@@ -341,7 +347,8 @@ def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) ->
             for c in pod.containers if shared.notes else ():
                 for kind, text, held in shared.notes:
                     problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
-        return pod, decisions, problems, _exclusive(decisions)
+        exclusive = list(decisions) if shared and shared.qos in EXCLUSIVE_CLASSES and shared.cpuset else []
+        return pod, decisions, problems, exclusive
     for c in pod.containers:
         kcpus = kube.container_cpus(pod.uid, c.name, c.id) if kube else None
         qos = classify(view.label, view.allocation, view.cgroup, kcpus)
@@ -358,6 +365,30 @@ def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) ->
 
 def _exclusive(decisions: Mapping[str, ContainerDecision]) -> list[str]:
     return [cid for cid, d in decisions.items() if d.qos in EXCLUSIVE_CLASSES and d.cpuset]
+
+
+def _merge(
+    order: list[_PodDone], old: list[_PodDone], merged: dict[str, ContainerDecision]
+) -> dict[str, ContainerDecision]:
+    """Every pod's decisions in one dict, in pod order. The pods the last call ended with, in the
+    same places, are copied from its dict at once (a dict copy, not one insert per container), and
+    only the rest (typically the newest pod, which gets the new containers) is put again."""
+    keep = 0
+    while keep < len(order) and keep < len(old) and order[keep] is old[keep]:
+        keep += 1
+    if keep:
+        decisions = dict(merged)
+        for done in old[keep:]:
+            for cid in done[1]:
+                decisions.pop(cid, None)
+        for done in order[keep:]:
+            decisions.update(done[1])
+        if len(decisions) == sum(len(done[1]) for done in order):  # else an id in two pods: rebuilt
+            return decisions
+    decisions = {}
+    for done in order:
+        decisions.update(done[1])
+    return decisions
 
 
 def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
@@ -387,22 +418,33 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     )
     holders = _holders(survey, pools, inputs.reserved & online)
     decider = _Decider(inputs.topology, pools, inputs.system, holders)
-    decisions: dict[str, ContainerDecision] = {}
     context = (inputs.topology, kube, pools, inputs.system, holders)
-    before = memo.pods if memo is not None and memo.context == context else {}
+    same = memo is not None and memo.context == context
+    before = memo.pods if memo is not None and same else {}
     now: dict[int, _PodDone] = {}
+    order: list[_PodDone] = []
+    redone: list[_PodDone] = []
     exclusive: list[str] = []
     for view in survey.views:
         pod = view.pod
         done = before.get(id(pod))
         if done is None or done[0] is not pod:
             done = _decide_pod(view, decider, kube)
+            redone.append(done)
         now[id(pod)] = done
-        decisions.update(done[1])
+        order.append(done)
         problems.extend(done[2])
         exclusive.extend(done[3])
+    old = memo.order if memo is not None and same else []
+    decisions = _merge(order, old, memo.merged if memo is not None else {})
     if memo is not None:
+        changed = {cid for done in redone for cid in done[1]}  # decided again, or gone:
+        for done in old:
+            if now.get(id(done[0])) is not done:
+                changed.update(done[1])
+        memo.changed = changed if same else None
         memo.context, memo.parsed, memo.pods = context, parsed_now, now
+        memo.order, memo.merged = order, decisions
 
     problems.sort(key=lambda p: (p.pod or "", p.kind, p.message))
     plan_problems = (*inputs.input_problems, *problems)

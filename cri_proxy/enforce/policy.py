@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
@@ -35,6 +36,9 @@ class Policy:
         self._cached: tuple[int, int, Config, Plan] | None = None
         self._rules: Plan | None = None  # the rules' plan before pins and explanations
         self._memo = DecideMemo()  # unchanged pods are not decided again
+        # (the plan before, ids whose decision may differ from it) of the last plans computed
+        self._history: deque[tuple[Plan | None, set[str] | None]] = deque(maxlen=64)
+        self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
         self.pins: dict[str, CPUSet] = {}  # container id -> cpuset an operator forced (`ctl update --force`)
 
     def pin(self, container_id: str, cpus: CPUSet) -> None:
@@ -81,10 +85,31 @@ class Policy:
         generation, facts, settings = self.state.generation, self._facts_version, self.settings()
         cached = self._cached
         if cached is None or cached[:2] != (generation, facts) or cached[2] is not settings:
-            self._rules = decide(self.inputs(), self._memo)
-            plan = self._live_problems(self._explain(self._rules))
+            rules = self._rules = decide(self.inputs(), self._memo)
+            explained = self._explain(rules)
+            plan = self._live_problems(explained)
+            previous = cached[3] if cached is not None else None
+            plain = explained is rules  # else pins or the API view changed decisions: any may differ
+            changed = self._memo.changed if plain and self._was_plain else None
+            self._was_plain = plain
+            self._history.append((previous, changed))
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
+
+    def changed_since(self, old: Plan) -> set[str] | None:
+        """Ids of the containers whose decision may differ between `old` and the current plan;
+        None when that is not known (then any may)."""
+        current = self.plan()
+        ids: set[str] = set()
+        if old is current:
+            return ids
+        for previous, changed in reversed(self._history):
+            if changed is None:
+                return None
+            ids |= changed
+            if previous is old:
+                return ids
+        return None
 
     def overlaps(self) -> list[Overlap]:
         """Live exclusive containers whose CPUs others are still on (see `exclusivity`)."""

@@ -46,6 +46,9 @@ __all__ = [
     "resources_bytes",
 ]
 
+CHANGE_LOG_MAX = 65536
+"""Record ids `NodeState.changes` keeps (a reader further behind reads everything)."""
+
 API_LABELS: tuple[str, ...] = (QOS_LABEL,)
 """The labels taken from the Kubernetes API view; every other label comes from CRI."""
 
@@ -102,6 +105,10 @@ class NodeState:
         self._infos: dict[str, PodInfo] = {}  # sandbox id -> its PodInfo, while nothing of it changed
         self._stale: set[str] = set()  # sandbox ids whose PodInfo must be built again
         self._cinfos: dict[str, ContainerInfo] = {}  # container id -> its ContainerInfo (kept, not rebuilt)
+        # the ids each change touched, in order (see `changes`); positions before the gap unknown
+        self._log: list[str] = []
+        self._log_start = 0  # position of _log[0]
+        self._log_gap = 0
 
     # -- reading ------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -180,7 +187,8 @@ class NodeState:
         """`_containers[c.id] = c`, the per-pod index and view following."""
         old = self._containers.get(c.id)
         self._containers[c.id] = c
-        self._stale.add(c.sandbox_id)
+        if old is None or old.name != c.name or (old.state in LIVE_STATES) != (c.state in LIVE_STATES):
+            self._stale.add(c.sandbox_id)  # else its PodInfo (live containers' ids, names) holds
         if old is not None and old.sandbox_id != c.sandbox_id:
             self._stale.add(old.sandbox_id)
             self._indexed = False  # a container moved pods: its place is rebuilt from `_containers`
@@ -280,6 +288,24 @@ class NodeState:
         if self._listings:
             for record_id in ids:
                 self._touched[record_id] = self.generation
+        if ids:
+            self._log.extend(ids)
+            if len(self._log) > CHANGE_LOG_MAX:  # bounded: a reader that far behind reads everything
+                half = len(self._log) // 2
+                del self._log[:half]
+                self._log_start += half
+        else:
+            self._log_gap = self._log_start + len(self._log)
+
+    def changes(self, since: int) -> tuple[set[str] | None, int]:
+        """(ids of the records changed since position `since`, the position now); None instead of
+        the ids when that is not known (a wholesale change, or `since` too old): read everything.
+        A reading of what a container really has (`observe_container`) is not a change here."""
+        with self._lock:
+            end = self._log_start + len(self._log)
+            if since < self._log_gap or since < self._log_start or since > end:
+                return None, end
+            return set(self._log[since - self._log_start :]), end
 
     def begin_listing(self) -> int:
         """A runtime listing begins: returns its `Listing.started`; end it with `merge_listing` or
@@ -440,6 +466,6 @@ class NodeState:
                 self._containers = dict(merged.containers)
                 self._reindex()
                 self._in_flight = {k: t for k, t in self._in_flight.items() if k in self._containers}
-                self.generation += 1
+                self._bump()
             self._end_listing(listing.started)
             return merged
