@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from types import MappingProxyType
 
 from cri_proxy.cpu.allocation import Allocation, allocation_from_annotations
@@ -378,17 +379,26 @@ def _merge(
         keep += 1
     if keep:
         decisions = dict(merged)
-        for done in old[keep:]:
-            for cid in done[1]:
-                decisions.pop(cid, None)
-        for done in order[keep:]:
-            decisions.update(done[1])
+        gone, come = old[keep:], order[keep:]
+        if len(gone) == 1 and len(come) == 1 and _prefix(gone[0][1], come[0][1]):
+            decisions.update(come[0][1])  # the last pod grew: its ids stay where they were
+        else:
+            for done in gone:
+                for cid in done[1]:
+                    decisions.pop(cid, None)
+            for done in come:
+                decisions.update(done[1])
         if len(decisions) == sum(len(done[1]) for done in order):  # else an id in two pods: rebuilt
             return decisions
     decisions = {}
     for done in order:
         decisions.update(done[1])
     return decisions
+
+
+def _prefix(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
+    """Whether `a`'s keys are the first keys of `b`, in the same order."""
+    return len(a) <= len(b) and list(a) == list(islice(b, len(a)))
 
 
 def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
@@ -438,7 +448,7 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     old = memo.order if memo is not None and same else []
     decisions = _merge(order, old, memo.merged if memo is not None else {})
     if memo is not None:
-        changed = {cid for done in redone for cid in done[1]}  # decided again, or gone:
+        changed: set[str] = set().union(*(done[1] for done in redone))  # decided again, or gone:
         for done in old:
             if now.get(id(done[0])) is not done:
                 changed.update(done[1])

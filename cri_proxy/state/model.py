@@ -104,7 +104,7 @@ class NodeState:
         self._indexed = True  # False: `_by_pod` must be rebuilt from `_containers`
         self._infos: dict[str, PodInfo] = {}  # sandbox id -> its PodInfo, while nothing of it changed
         self._stale: set[str] = set()  # sandbox ids whose PodInfo must be built again
-        self._cinfos: dict[str, ContainerInfo] = {}  # container id -> its ContainerInfo (kept, not rebuilt)
+        self._live: dict[str, dict[str, ContainerInfo]] = {}  # sandbox id -> its live containers, in order
         # the ids each change touched, in order (see `changes`); positions before the gap unknown
         self._log: list[str] = []
         self._log_start = 0  # position of _log[0]
@@ -146,7 +146,7 @@ class NodeState:
                     self._by_pod.setdefault(c.sandbox_id, {})[c.id] = c
                 self._indexed = True
                 infos.clear()
-                self._cinfos = {k: v for k, v in self._cinfos.items() if k in self._containers}
+                self._live.clear()
             for sandbox_id in self._stale:
                 infos.pop(sandbox_id, None)
             self._stale.clear()
@@ -169,38 +169,52 @@ class NodeState:
             cgroup_parent=p.cgroup_parent,
             labels=labels,
             annotations=annotations,
-            containers=tuple(
-                self._container_info(c)
-                for c in self._by_pod.get(p.sandbox_id, {}).values()
-                if c.state in LIVE_STATES
-            ),
+            containers=tuple(self._live_of(p.sandbox_id).values()),
         )
 
-    def _container_info(self, c: ContainerRecord) -> ContainerInfo:
-        info = self._cinfos.get(c.id)
-        if info is None or info.name != c.name:
-            info = self._cinfos[c.id] = ContainerInfo(c.id, c.name)
-        return info
+    def _live_of(self, sandbox_id: str) -> dict[str, ContainerInfo]:
+        """The pod's live containers, in `_containers` order: kept up to date by `_store`/`_drop`."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            live = self._live[sandbox_id] = {
+                c.id: ContainerInfo(c.id, c.name)
+                for c in self._by_pod.get(sandbox_id, {}).values()
+                if c.state in LIVE_STATES
+            }
+        return live
 
     # -- keeping the per-pod view (caller holds the lock) ------------------------------------------
     def _store(self, c: ContainerRecord) -> None:
         """`_containers[c.id] = c`, the per-pod index and view following."""
         old = self._containers.get(c.id)
         self._containers[c.id] = c
-        if old is None or old.name != c.name or (old.state in LIVE_STATES) != (c.state in LIVE_STATES):
+        was_live = old is not None and old.state in LIVE_STATES
+        is_live = c.state in LIVE_STATES
+        if old is None or old.name != c.name or was_live != is_live:
             self._stale.add(c.sandbox_id)  # else its PodInfo (live containers' ids, names) holds
+            live = self._live.get(c.sandbox_id)
+            if live is not None:
+                if not is_live:
+                    live.pop(c.id, None)
+                elif old is None or was_live:  # new (last in order), or renamed in its place
+                    live[c.id] = ContainerInfo(c.id, c.name)
+                else:  # live again: its place among the others is found again
+                    del self._live[c.sandbox_id]
         if old is not None and old.sandbox_id != c.sandbox_id:
             self._stale.add(old.sandbox_id)
             self._indexed = False  # a container moved pods: its place is rebuilt from `_containers`
+            self._live.clear()
         elif self._indexed:
             self._by_pod.setdefault(c.sandbox_id, {})[c.id] = c
 
     def _drop(self, container_id: str) -> ContainerRecord | None:
         """`_containers.pop(container_id)`, the per-pod index and view following."""
         c = self._containers.pop(container_id, None)
-        self._cinfos.pop(container_id, None)
         if c is not None:
             self._stale.add(c.sandbox_id)
+            live = self._live.get(c.sandbox_id)
+            if live is not None:
+                live.pop(container_id, None)
             siblings = self._by_pod.get(c.sandbox_id)
             if siblings is not None:
                 siblings.pop(container_id, None)
@@ -212,6 +226,7 @@ class NodeState:
         """Pods or containers replaced wholesale: every PodInfo is built again."""
         self._indexed = False
         self._infos.clear()
+        self._live.clear()
 
     # -- the Kubernetes API view ----------------------------------------------------------------
     def _api_view_for(self, pod: PodRecord) -> ApiView | None:
@@ -370,6 +385,7 @@ class NodeState:
                 self._in_flight.pop(c.id, None)
             self._pods.pop(sandbox_id, None)
             self._stale.add(sandbox_id)
+            self._live.pop(sandbox_id, None)
             self._born.pop(sandbox_id, None)
             self._bump(sandbox_id, *(c.id for c in gone))  # remembered even when unknown (see above)
             return gone
