@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,8 +37,9 @@ class Policy:
         self._cached: tuple[int, int, Config, Plan] | None = None
         self._rules: Plan | None = None  # the rules' plan before pins and explanations
         self._memo = DecideMemo()  # unchanged pods are not decided again
-        # (the plan before, ids whose decision may differ from it) of the last plans computed
-        self._history: deque[tuple[Plan | None, set[str] | None]] = deque(maxlen=64)
+        # (the plan before, ids whose decision may differ from it) of the last plans computed; weak:
+        # a plan nobody holds any more is never asked about
+        self._history: deque[tuple[weakref.ref[Plan] | None, set[str] | None]] = deque(maxlen=64)
         self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
         self.pins: dict[str, CPUSet] = {}  # container id -> cpuset an operator forced (`ctl update --force`)
 
@@ -92,7 +94,7 @@ class Policy:
             plain = explained is rules  # else pins or the API view changed decisions: any may differ
             changed = self._memo.changed if plain and self._was_plain else None
             self._was_plain = plain
-            self._history.append((previous, changed))
+            self._history.append((weakref.ref(previous) if previous is not None else None, changed))
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
 
@@ -107,7 +109,7 @@ class Policy:
             if changed is None:
                 return None
             ids |= changed
-            if previous is old:
+            if previous is not None and previous() is old:
                 return ids
         return None
 
