@@ -79,6 +79,9 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
     pending = [row["container"] for row in rows.values() if row["state"] == "pending"]
     if pending:
         return f"pending: {pending}"
+    untracked = [row["container"] for row in rows.values() if row["mark"] == "UNTRACKED"]
+    if untracked:  # listed by the runtime, not adopted yet: its row carries the runtime's state
+        return f"not tracked by the proxy yet: {untracked}"
     known = {cid: row["state"] for cid, row in rows.items()}
     if known != runtime:
         differ = sorted(
