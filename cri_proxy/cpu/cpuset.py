@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cri_proxy.errors import CpuError
 
@@ -36,6 +37,13 @@ def _cpu_id(digits: str, text: str) -> int:
 
 def _range_mask(lo: int, hi: int) -> int:
     return ((1 << (hi - lo + 1)) - 1) << lo
+
+
+@lru_cache(maxsize=256)
+def _text(mask: int) -> str:
+    """The cpulist of a mask; cached: a node's few distinct cpusets are formatted for every
+    container on every pass, and a big mask takes a walk over its runs."""
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in CPUSet(mask).ranges())
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +115,7 @@ class CPUSet:
             m &= ~(((1 << length) - 1) << lo)
 
     def __str__(self) -> str:
-        return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.ranges())
+        return _text(self.mask)
 
     def __repr__(self) -> str:
         return f"CPUSet({str(self)!r})"

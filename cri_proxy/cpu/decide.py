@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from types import MappingProxyType
 
 from cri_proxy.cpu.allocation import Allocation, allocation_from_annotations
@@ -45,6 +46,8 @@ class Plan:
     pools: Pools
     containers: Mapping[str, ContainerDecision]
     problems: tuple[Problem, ...]
+    # ids of the containers decided LSE/LSR with a cpuset (who exclusivity is about); None: not counted
+    exclusive: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +223,19 @@ def _kubelet_state(inputs: NodeInputs) -> KubeletState | None:
     return k if k is not None and k.static else None
 
 
+# a pod's label class, allocation, the allocation's error (None: none), cgroup parent
+_Parsed = tuple[QoS | None, Allocation | None, str | None, CgroupParent | None]
+
+
+def _parse(pod: PodInfo) -> _Parsed:
+    """What a pod's label, annotations and cgroup parent say (depends on the pod alone)."""
+    try:
+        alloc, bad = allocation_from_annotations(pod.annotations), None
+    except AllocationError as e:
+        alloc, bad = None, str(e)
+    return label_qos(pod.labels), alloc, bad, parse_cgroup_parent(pod.cgroup_parent)
+
+
 @dataclass
 class _Survey:
     """First pass over the pods: everything the pools depend on, and pod-level problems."""
@@ -235,14 +251,11 @@ class _Survey:
     skip_uids: set[str] = field(default_factory=set)  # kubelet entries the scheduler/label overrides
     skip_cids: set[str] = field(default_factory=set)
 
-    def add(self, pod: PodInfo, online: CPUSet) -> None:
+    def add(self, pod: PodInfo, online: CPUSet, parsed: _Parsed | None = None) -> None:
         key = pod.key
-        label = label_qos(pod.labels)
-        try:
-            alloc = allocation_from_annotations(pod.annotations)
-        except AllocationError as e:
-            alloc = None
-            self.problems.append(Problem(key, ProblemKind.BAD_ANNOTATION, f"{e}; treated as absent"))
+        label, alloc, bad, cgroup = parsed if parsed is not None else _parse(pod)
+        if bad is not None:
+            self.problems.append(Problem(key, ProblemKind.BAD_ANNOTATION, f"{bad}; treated as absent"))
         cpus = alloc.cpuset if alloc is not None and alloc.cpuset else None
         if cpus is not None or label is QoS.LS or label is QoS.BE:
             self.skip_uids.add(pod.uid)
@@ -268,7 +281,7 @@ class _Survey:
                 self.lse |= exclusive.mask
             else:
                 self.lsr |= exclusive.mask
-        self.views.append(_PodView(pod, label, alloc, parse_cgroup_parent(pod.cgroup_parent), exclusive))
+        self.views.append(_PodView(pod, label, alloc, cgroup, exclusive))
 
 
 _MAX_HOLDERS = 6  # holders named in one pool-exhausted message
@@ -292,13 +305,117 @@ def _holders(survey: _Survey, pools: Pools, reserved: CPUSet) -> dict[QoS, tuple
     return {QoS.LS: bounded(common + ls + kubelet), QoS.BE: bounded(common + be + kubelet)}
 
 
-def decide(inputs: NodeInputs) -> Plan:
-    """Decide every container's cpuset from the node's inputs (see cpuset-rules.md)."""
+_PodDone = tuple[PodInfo, dict[str, ContainerDecision], list[Problem], list[str]]
+
+
+class DecideMemo:
+    """What a `decide` call may take from the one before it, so that a change costs its own pod.
+
+    Per pod (by identity: the caller hands the same `PodInfo` object while the pod is unchanged),
+    its parsed labels and annotations, and its containers' decisions and problems as long as the
+    pools and everything else they depend on are equal. Only the last call's pods are kept.
+
+    After a call, `changed` names the containers whose decision may differ from the call before
+    (those of pods decided again, or gone); None: any may (the first call, other pools, ...).
+    """
+
+    __slots__ = ("changed", "context", "merged", "order", "parsed", "pods")
+
+    def __init__(self) -> None:
+        self.context: tuple[object, ...] = ()
+        self.parsed: dict[int, tuple[PodInfo, _Parsed]] = {}
+        self.pods: dict[int, _PodDone] = {}
+        self.order: list[_PodDone] = []  # the last call's pods, in order
+        self.merged: dict[str, ContainerDecision] = {}  # the last call's decisions (never changed)
+        self.changed: set[str] | None = None
+
+
+def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) -> _PodDone:
+    """One pod's containers: their decisions, the problems they carry, the exclusive ones' ids."""
+    pod = view.pod
+    key = pod.key
+    decisions: dict[str, ContainerDecision] = {}
+    problems: list[Problem] = []
+    shared: _Rule | None = None
+    maybe_kubelet = view.cgroup is not None and view.cgroup.qos is KubeQoS.GUARANTEED
+    if not (maybe_kubelet and kube):
+        # no per-container kubelet entry to look up: every container gets the same decision
+        if pod.containers:
+            shared = decider.pod_rule(view, classify(view.label, view.allocation, view.cgroup, None))
+            decisions = dict.fromkeys(
+                [c.id for c in pod.containers], ContainerDecision(key, shared.qos, shared.cpuset, shared.why)
+            )
+            for c in pod.containers if shared.notes else ():
+                for kind, text, held in shared.notes:
+                    problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
+        exclusive = list(decisions) if shared and shared.qos in EXCLUSIVE_CLASSES and shared.cpuset else []
+        return pod, decisions, problems, exclusive
+    for c in pod.containers:
+        kcpus = kube.container_cpus(pod.uid, c.name, c.id) if kube else None
+        qos = classify(view.label, view.allocation, view.cgroup, kcpus)
+        if qos is QoS.KUBELET:
+            decisions[c.id] = ContainerDecision(key, qos, kcpus, "kubelet static CPU manager entry")
+            continue
+        if shared is None:
+            shared = decider.pod_rule(view, qos)
+        decisions[c.id] = ContainerDecision(key, shared.qos, shared.cpuset, shared.why)
+        for kind, text, held in shared.notes:
+            problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
+    return pod, decisions, problems, _exclusive(decisions)
+
+
+def _exclusive(decisions: Mapping[str, ContainerDecision]) -> list[str]:
+    return [cid for cid, d in decisions.items() if d.qos in EXCLUSIVE_CLASSES and d.cpuset]
+
+
+def _merge(
+    order: list[_PodDone], old: list[_PodDone], merged: dict[str, ContainerDecision]
+) -> dict[str, ContainerDecision]:
+    """Every pod's decisions in one dict, in pod order. The pods the last call ended with, in the
+    same places, are copied from its dict at once (a dict copy, not one insert per container), and
+    only the rest (typically the newest pod, which gets the new containers) is put again."""
+    keep = 0
+    while keep < len(order) and keep < len(old) and order[keep] is old[keep]:
+        keep += 1
+    if keep:
+        decisions = dict(merged)
+        gone, come = old[keep:], order[keep:]
+        if len(gone) == 1 and len(come) == 1 and _prefix(gone[0][1], come[0][1]):
+            decisions.update(come[0][1])  # the last pod grew: its ids stay where they were
+        else:
+            for done in gone:
+                for cid in done[1]:
+                    decisions.pop(cid, None)
+            for done in come:
+                decisions.update(done[1])
+        if len(decisions) == sum(len(done[1]) for done in order):  # else an id in two pods: rebuilt
+            return decisions
+    decisions = {}
+    for done in order:
+        decisions.update(done[1])
+    return decisions
+
+
+def _prefix(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
+    """Whether `a`'s keys are the first keys of `b`, in the same order."""
+    return len(a) <= len(b) and list(a) == list(islice(b, len(a)))
+
+
+def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
+    """Decide every container's cpuset from the node's inputs (see cpuset-rules.md).
+
+    `memo` (optional, the caller's to keep between calls) makes unchanged pods cost almost nothing;
+    the plan is the same with or without it."""
     online = inputs.topology.online
     kube = _kubelet_state(inputs)
     survey = _Survey()
+    parsed_before = memo.parsed if memo is not None else {}
+    parsed_now: dict[int, tuple[PodInfo, _Parsed]] = {}
     for pod in inputs.pods:
-        survey.add(pod, online)
+        hit = parsed_before.get(id(pod))
+        parsed = hit[1] if hit is not None and hit[0] is pod else _parse(pod)
+        parsed_now[id(pod)] = (pod, parsed)
+        survey.add(pod, online, parsed)
     problems = survey.problems
     if survey.shared:
         problems.extend(_conflicts(survey.claims, CPUSet(survey.shared)))
@@ -311,24 +428,34 @@ def decide(inputs: NodeInputs) -> Plan:
     )
     holders = _holders(survey, pools, inputs.reserved & online)
     decider = _Decider(inputs.topology, pools, inputs.system, holders)
-    decisions: dict[str, ContainerDecision] = {}
-
+    context = (inputs.topology, kube, pools, inputs.system, holders)
+    same = memo is not None and memo.context == context
+    before = memo.pods if memo is not None and same else {}
+    now: dict[int, _PodDone] = {}
+    order: list[_PodDone] = []
+    redone: list[_PodDone] = []
+    exclusive: list[str] = []
     for view in survey.views:
         pod = view.pod
-        key = pod.key
-        shared: _Rule | None = None
-        maybe_kubelet = view.cgroup is not None and view.cgroup.qos is KubeQoS.GUARANTEED
-        for c in pod.containers:
-            kcpus = kube.container_cpus(pod.uid, c.name, c.id) if maybe_kubelet and kube else None
-            qos = classify(view.label, view.allocation, view.cgroup, kcpus)
-            if qos is QoS.KUBELET:
-                decisions[c.id] = ContainerDecision(key, qos, kcpus, "kubelet static CPU manager entry")
-                continue
-            if shared is None:
-                shared = decider.pod_rule(view, qos)
-            decisions[c.id] = ContainerDecision(key, shared.qos, shared.cpuset, shared.why)
-            for kind, text, held in shared.notes:
-                problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
+        done = before.get(id(pod))
+        if done is None or done[0] is not pod:
+            done = _decide_pod(view, decider, kube)
+            redone.append(done)
+        now[id(pod)] = done
+        order.append(done)
+        problems.extend(done[2])
+        exclusive.extend(done[3])
+    old = memo.order if memo is not None and same else []
+    decisions = _merge(order, old, memo.merged if memo is not None else {})
+    if memo is not None:
+        changed: set[str] = set().union(*(done[1] for done in redone))  # decided again, or gone:
+        for done in old:
+            if now.get(id(done[0])) is not done:
+                changed.update(done[1])
+        memo.changed = changed if same else None
+        memo.context, memo.parsed, memo.pods = context, parsed_now, now
+        memo.order, memo.merged = order, decisions
 
     problems.sort(key=lambda p: (p.pod or "", p.kind, p.message))
-    return Plan(pools, MappingProxyType(decisions), (*inputs.input_problems, *problems))
+    plan_problems = (*inputs.input_problems, *problems)
+    return Plan(pools, MappingProxyType(decisions), plan_problems, frozenset(exclusive))

@@ -50,6 +50,8 @@ def overlaps(
     plan: Plan, pods: Mapping[str, PodRecord], containers: Iterable[ContainerRecord], online: CPUSet
 ) -> list[Overlap]:
     """Every live exclusive container whose CPUs others are still on, with those others named."""
+    if plan.exclusive is not None and not plan.exclusive:
+        return []  # the common node: no exclusive container at all, nothing to compare
     items = list(containers)
     exclusive = []
     for c in items:

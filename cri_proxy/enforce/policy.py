@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
-from cri_proxy.enforce.exclusivity import Overlap, overlap_problems, overlaps
+from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.model import LIVE_STATES, NodeState
@@ -33,6 +36,11 @@ class Policy:
         self._facts_version = 0
         self._cached: tuple[int, int, Config, Plan] | None = None
         self._rules: Plan | None = None  # the rules' plan before pins and explanations
+        self._memo = DecideMemo()  # unchanged pods are not decided again
+        # (the plan before, ids whose decision may differ from it) of the last plans computed; weak:
+        # a plan nobody holds any more is never asked about
+        self._history: deque[tuple[weakref.ref[Plan] | None, set[str] | None]] = deque(maxlen=64)
+        self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
 
     @property
     def pins(self) -> dict[str, CPUSet]:
@@ -90,10 +98,31 @@ class Policy:
         generation, facts, settings = self.state.generation, self._facts_version, self.settings()
         cached = self._cached
         if cached is None or cached[:2] != (generation, facts) or cached[2] is not settings:
-            self._rules = decide(self.inputs())
-            plan = self._live_problems(self._explain(self._rules))
+            rules = self._rules = decide(self.inputs(), self._memo)
+            explained = self._explain(rules)
+            plan = self._live_problems(explained)
+            previous = cached[3] if cached is not None else None
+            plain = explained is rules  # else pins or the API view changed decisions: any may differ
+            changed = self._memo.changed if plain and self._was_plain else None
+            self._was_plain = plain
+            self._history.append((weakref.ref(previous) if previous is not None else None, changed))
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
+
+    def changed_since(self, old: Plan) -> set[str] | None:
+        """Ids of the containers whose decision may differ between `old` and the current plan;
+        None when that is not known (then any may)."""
+        current = self.plan()
+        ids: set[str] = set()
+        if old is current:
+            return ids
+        for previous, changed in reversed(self._history):
+            if changed is None:
+                return None
+            ids |= changed
+            if previous is not None and previous() is old:
+                return ids
+        return None
 
     def overlaps(self) -> list[Overlap]:
         """Live exclusive containers whose CPUs others are still on (see `exclusivity`)."""
@@ -114,7 +143,7 @@ class Policy:
         found = overlap_problems(self._overlaps(plan))
         if not text and not found:
             return plan
-        return Plan(plan.pools, plan.containers, (*plan.problems, *text, *found))
+        return replace(plan, problems=(*plan.problems, *text, *found))
 
     def rules_cpuset(self, container_id: str) -> CPUSet | None:
         """The cpuset the rules alone give a container (an operator's pin aside)."""
@@ -139,4 +168,8 @@ class Policy:
                     d, cpuset=pins[cid], why=f"pinned by an operator (ctl update --force); rules: {rule}"
                 )
             containers[cid] = d
-        return Plan(plan.pools, MappingProxyType(containers), plan.problems)
+        exclusive = None
+        if plan.exclusive is not None:  # a pin may give an exclusive container its cpuset, or take it
+            pinned = {cid for cid in pins if containers[cid].qos in EXCLUSIVE and containers[cid].cpuset}
+            exclusive = (plan.exclusive - pins.keys()) | pinned
+        return Plan(plan.pools, MappingProxyType(containers), plan.problems, exclusive)

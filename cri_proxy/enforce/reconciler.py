@@ -26,11 +26,11 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
-from cri_proxy.cpu import ProblemKind
+from cri_proxy.cpu import Plan, ProblemKind
 from cri_proxy.enforce.actual import ReadActual, Reading
 from cri_proxy.enforce.naming import about
 from cri_proxy.enforce.policy import Policy
-from cri_proxy.state.model import ACTUAL_CGROUP, UPDATABLE_STATES, ContainerRecord, NodeState
+from cri_proxy.state.model import ACTUAL_CGROUP, UPDATABLE_STATES, ContainerRecord, ContainerState, NodeState
 
 __all__ = ["PassResult", "Reconciler", "Totals", "channel_sender"]
 
@@ -104,6 +104,9 @@ class Reconciler:
         self._refresh = False
         self._wake = asyncio.Event()
         self._done = asyncio.Condition()
+        self._seen_plan: Plan | None = None  # the plan `pending` last looked at
+        self._cursor = 0  # where in the state's changes it was then
+        self._open: set[str] = set()  # what it found pending then
 
     @property
     def concurrency(self) -> int:
@@ -162,7 +165,7 @@ class Reconciler:
                     await self.sync()
                 if periodic or refresh:
                     await self.refresh_applied()
-                await self.pass_once()
+                await self.pass_once(everything=periodic or refresh)
             except Exception as exc:  # a bug in one pass must not stop reconciliation for good
                 logger.opt(exception=exc).error("reconcile pass failed: {}", exc)
             async with self._done:
@@ -267,26 +270,49 @@ class Reconciler:
             logger.info("exclusivity restored: {}", message)
         self._overlaps = frozenset(now)
 
-    def pending(self) -> list[tuple[ContainerRecord, str]]:
-        """(container, decided cpuset) for every live container whose applied set differs."""
+    def pending(self, everything: bool = False) -> list[tuple[ContainerRecord, str]]:
+        """(container, decided cpuset) for every live container whose applied set differs.
+
+        Only the containers whose record or decision changed since the last call are looked at
+        again (and those still pending then), unless `everything` or what changed is not known:
+        a pass after one CreateContainer costs that container, not the node."""
         plan = self.policy.plan()
+        decided = plan.containers
+        seen, self._seen_plan = self._seen_plan, plan
+        changed, self._cursor = self.state.changes(self._cursor)
+        moved = self.policy.changed_since(seen) if seen is not None else None
+        records: list[ContainerRecord]
+        if everything or changed is None or moved is None:
+            records = self.state.containers()
+        else:
+            look = changed | moved | self._open
+            found = (self.state.container(cid) for cid in look)
+            records = [c for c in found if c is not None]
+        texts: dict[int, str | None] = {}  # id(decision) -> its cpuset as text (pods share decisions)
         out = []
-        for c in self.state.containers():
-            if c.state not in UPDATABLE_STATES:
-                continue
+        for c in records:
+            state = c.state
+            if state is not ContainerState.RUNNING and state is not ContainerState.CREATED:
+                continue  # (UPDATABLE_STATES, without hashing an enum per container)
             if not c.resources and c.applied is None:
                 continue  # nothing known of its resources: a cpuset-only update could reset the rest
-            decision = plan.containers.get(c.id)
-            if decision is None or decision.cpuset is None or decision.qos is None:
+            decision = decided.get(c.id)
+            if decision is None:
                 continue
-            want = str(decision.cpuset)
-            if want != c.applied:
+            key = id(decision)
+            if key in texts:
+                want = texts[key]
+            else:
+                managed = decision.cpuset is not None and decision.qos is not None
+                want = texts[key] = str(decision.cpuset) if managed else None
+            if want is not None and want != c.applied:
                 out.append((c, want))
+        self._open = {c.id for c, _ in out}
         return out
 
-    async def pass_once(self) -> PassResult:
+    async def pass_once(self, everything: bool = False) -> PassResult:
         result = PassResult()
-        todo = self.pending()
+        todo = self.pending(everything)
         self.totals.passes += 1
         self._not_taken = {k: n for k, n in self._not_taken.items() if self.state.container(k) is not None}
         if not todo:

@@ -46,6 +46,9 @@ __all__ = [
     "resources_bytes",
 ]
 
+CHANGE_LOG_MAX = 65536
+"""Record ids `NodeState.changes` keeps (a reader further behind reads everything)."""
+
 API_LABELS: tuple[str, ...] = (QOS_LABEL,)
 """The labels taken from the Kubernetes API view; every other label comes from CRI."""
 
@@ -96,6 +99,16 @@ class NodeState:
         self._touched: dict[str, int] = {}  # id -> generation of its last change (removal too), while
         self._listings = 0  # ... runtime listings are open (`begin_listing`): none open, none kept
         self._in_flight: dict[str, float] = {}  # PENDING id -> when this process's CreateContainer began
+        # the rules' view, kept per pod so that a change costs its own pod, not the node (see pod_infos)
+        self._by_pod: dict[str, dict[str, ContainerRecord]] = {}  # sandbox id -> its containers, in order
+        self._indexed = True  # False: `_by_pod` must be rebuilt from `_containers`
+        self._infos: dict[str, PodInfo] = {}  # sandbox id -> its PodInfo, while nothing of it changed
+        self._stale: set[str] = set()  # sandbox ids whose PodInfo must be built again
+        self._live: dict[str, dict[str, ContainerInfo]] = {}  # sandbox id -> its live containers, in order
+        # the ids each change touched, in order (see `changes`); positions before the gap unknown
+        self._log: list[str] = []
+        self._log_start = 0  # position of _log[0]
+        self._log_gap = 0
 
     # -- reading ------------------------------------------------------------------------------
     def pod(self, sandbox_id: str) -> PodRecord | None:
@@ -121,29 +134,99 @@ class NodeState:
         return (c for c in self.containers() if c.sandbox_id == sandbox_id)
 
     def pod_infos(self) -> tuple[PodInfo, ...]:
-        """The rules' view: ready pods, each with its live containers (pending ones included)."""
+        """The rules' view: ready pods, each with its live containers (pending ones included).
+
+        A pod's PodInfo is built again only when the pod, one of its containers or the API view
+        changed: one CreateContainer costs its pod, not every container of the node."""
         with self._lock:
-            live: dict[str, list[ContainerInfo]] = {}
-            for c in self._containers.values():
-                if c.state in LIVE_STATES:
-                    live.setdefault(c.sandbox_id, []).append(ContainerInfo(c.id, c.name))
-            infos = []
+            infos = self._infos
+            if not self._indexed:
+                self._by_pod = {}
+                for c in self._containers.values():
+                    self._by_pod.setdefault(c.sandbox_id, {})[c.id] = c
+                self._indexed = True
+                infos.clear()
+                self._live.clear()
+            for sandbox_id in self._stale:
+                infos.pop(sandbox_id, None)
+            self._stale.clear()
+            out = []
             for p in self._pods.values():
                 if not p.ready:
                     continue
-                labels, annotations = self._effective(p)
-                infos.append(
-                    PodInfo(
-                        uid=p.uid,
-                        name=p.name,
-                        namespace=p.namespace,
-                        cgroup_parent=p.cgroup_parent,
-                        labels=labels,
-                        annotations=annotations,
-                        containers=tuple(live.get(p.sandbox_id, ())),
-                    )
-                )
-            return tuple(infos)
+                info = infos.get(p.sandbox_id)
+                if info is None:
+                    info = infos[p.sandbox_id] = self._pod_info(p)
+                out.append(info)
+            return tuple(out)
+
+    def _pod_info(self, p: PodRecord) -> PodInfo:
+        labels, annotations = self._effective(p)
+        return PodInfo(
+            uid=p.uid,
+            name=p.name,
+            namespace=p.namespace,
+            cgroup_parent=p.cgroup_parent,
+            labels=labels,
+            annotations=annotations,
+            containers=tuple(self._live_of(p.sandbox_id).values()),
+        )
+
+    def _live_of(self, sandbox_id: str) -> dict[str, ContainerInfo]:
+        """The pod's live containers, in `_containers` order: kept up to date by `_store`/`_drop`."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            live = self._live[sandbox_id] = {
+                c.id: ContainerInfo(c.id, c.name)
+                for c in self._by_pod.get(sandbox_id, {}).values()
+                if c.state in LIVE_STATES
+            }
+        return live
+
+    # -- keeping the per-pod view (caller holds the lock) ------------------------------------------
+    def _store(self, c: ContainerRecord) -> None:
+        """`_containers[c.id] = c`, the per-pod index and view following."""
+        old = self._containers.get(c.id)
+        self._containers[c.id] = c
+        was_live = old is not None and old.state in LIVE_STATES
+        is_live = c.state in LIVE_STATES
+        if old is None or old.name != c.name or was_live != is_live:
+            self._stale.add(c.sandbox_id)  # else its PodInfo (live containers' ids, names) holds
+            live = self._live.get(c.sandbox_id)
+            if live is not None:
+                if not is_live:
+                    live.pop(c.id, None)
+                elif old is None or was_live:  # new (last in order), or renamed in its place
+                    live[c.id] = ContainerInfo(c.id, c.name)
+                else:  # live again: its place among the others is found again
+                    del self._live[c.sandbox_id]
+        if old is not None and old.sandbox_id != c.sandbox_id:
+            self._stale.add(old.sandbox_id)
+            self._indexed = False  # a container moved pods: its place is rebuilt from `_containers`
+            self._live.clear()
+        elif self._indexed:
+            self._by_pod.setdefault(c.sandbox_id, {})[c.id] = c
+
+    def _drop(self, container_id: str) -> ContainerRecord | None:
+        """`_containers.pop(container_id)`, the per-pod index and view following."""
+        c = self._containers.pop(container_id, None)
+        if c is not None:
+            self._stale.add(c.sandbox_id)
+            live = self._live.get(c.sandbox_id)
+            if live is not None:
+                live.pop(container_id, None)
+            siblings = self._by_pod.get(c.sandbox_id)
+            if siblings is not None:
+                siblings.pop(container_id, None)
+                if not siblings:
+                    del self._by_pod[c.sandbox_id]
+        return c
+
+    def _reindex(self) -> None:
+        """Pods or containers replaced wholesale: every PodInfo is built again."""
+        self._indexed = False
+        self._infos.clear()
+        self._live.clear()
 
     # -- the Kubernetes API view ----------------------------------------------------------------
     def _api_view_for(self, pod: PodRecord) -> ApiView | None:
@@ -199,6 +282,7 @@ class NodeState:
                 return False
             self._api_seq += 1
             self._api[uid] = ApiView(view_labels, view_annotations, resource_version, self._api_seq)
+            self._infos.clear()
             self._bump()
             return True
 
@@ -207,6 +291,7 @@ class NodeState:
         with self._lock:
             if self._api.pop(uid, None) is None:
                 return False
+            self._infos.clear()
             self._bump()
             return True
 
@@ -218,6 +303,24 @@ class NodeState:
         if self._listings:
             for record_id in ids:
                 self._touched[record_id] = self.generation
+        if ids:
+            self._log.extend(ids)
+            if len(self._log) > CHANGE_LOG_MAX:  # bounded: a reader that far behind reads everything
+                half = len(self._log) // 2
+                del self._log[:half]
+                self._log_start += half
+        else:
+            self._log_gap = self._log_start + len(self._log)
+
+    def changes(self, since: int) -> tuple[set[str] | None, int]:
+        """(ids of the records changed since position `since`, the position now); None instead of
+        the ids when that is not known (a wholesale change, or `since` too old): read everything.
+        A reading of what a container really has (`observe_container`) is not a change here."""
+        with self._lock:
+            end = self._log_start + len(self._log)
+            if since < self._log_gap or since < self._log_start or since > end:
+                return None, end
+            return set(self._log[since - self._log_start :]), end
 
     def begin_listing(self) -> int:
         """A runtime listing begins: returns its `Listing.started`; end it with `merge_listing` or
@@ -254,6 +357,7 @@ class NodeState:
                 if pod.sandbox_id not in self._pods:
                     self._born[pod.sandbox_id] = self._api_seq
                 self._pods[pod.sandbox_id] = pod
+                self._stale.add(pod.sandbox_id)
                 self._bump(pod.sandbox_id)
 
     def stop_pod(self, sandbox_id: str) -> bool:
@@ -263,10 +367,11 @@ class NodeState:
             if pod is None:
                 return False
             self._pods[sandbox_id] = replace(pod, ready=False)
+            self._stale.add(sandbox_id)
             touched = [sandbox_id]
             for c in list(self._containers.values()):
                 if c.sandbox_id == sandbox_id and c.state in UPDATABLE_STATES:  # PENDING: its call says
-                    self._containers[c.id] = replace(c, state=ContainerState.EXITED)
+                    self._store(replace(c, state=ContainerState.EXITED))
                     touched.append(c.id)
             self._bump(*touched)
             return True
@@ -276,9 +381,11 @@ class NodeState:
         with self._lock:
             gone = [c for c in self._containers.values() if c.sandbox_id == sandbox_id]
             for c in gone:
-                del self._containers[c.id]
+                self._drop(c.id)
                 self._in_flight.pop(c.id, None)
             self._pods.pop(sandbox_id, None)
+            self._stale.add(sandbox_id)
+            self._live.pop(sandbox_id, None)
             self._born.pop(sandbox_id, None)
             self._bump(sandbox_id, *(c.id for c in gone))  # remembered even when unknown (see above)
             return gone
@@ -289,7 +396,7 @@ class NodeState:
             if container.state is ContainerState.PENDING:
                 self._in_flight.setdefault(container.id, time.monotonic())
             if self._containers.get(container.id) != container:
-                self._containers[container.id] = container
+                self._store(container)
                 self._bump(container.id)
 
     def rename_container(
@@ -298,10 +405,10 @@ class NodeState:
         """A pending container got its runtime id; False when the pending record is gone."""
         with self._lock:
             self._in_flight.pop(old_id, None)
-            c = self._containers.pop(old_id, None)
+            c = self._drop(old_id)
             if c is None:
                 return False
-            self._containers[new_id] = replace(c, id=new_id, state=state)
+            self._store(replace(c, id=new_id, state=state))
             self._bump(old_id, new_id)
             return True
 
@@ -312,7 +419,7 @@ class NodeState:
                 return None
             new = replace(c, **changes)  # type: ignore[arg-type]
             if new != c:
-                self._containers[container_id] = new
+                self._store(new)
                 self._bump(container_id)
             return new
 
@@ -325,7 +432,9 @@ class NodeState:
             if c is None:
                 return None
             new = replace(c, actual_cpuset=actual_cpuset, actual_source=source, actual_at=at)
-            self._containers[container_id] = new
+            self._containers[container_id] = new  # nothing of the rules' view: no PodInfo changes
+            if self._indexed:
+                self._by_pod[c.sandbox_id][container_id] = new
             if (c.actual_cpuset, c.actual_source) != (actual_cpuset, source):
                 self.generation += 1  # the same reading again changes no decision nor problem
             return new
@@ -335,7 +444,7 @@ class NodeState:
         before the removal cannot bring it back."""
         with self._lock:
             self._in_flight.pop(container_id, None)
-            c = self._containers.pop(container_id, None)
+            c = self._drop(container_id)
             self._bump(container_id)
             return c
 
@@ -345,6 +454,7 @@ class NodeState:
             self._pods = {p.sandbox_id: p for p in pods}
             self._born = {sid: self._born.get(sid, 0) for sid in self._pods}  # new ones: from before us
             self._containers = {c.id: c for c in containers}
+            self._reindex()
             self._in_flight.clear()
             self._touched.clear()
             self._bump()
@@ -370,7 +480,8 @@ class NodeState:
                 self._pods = dict(merged.pods)
                 self._born = {sid: self._born.get(sid, 0) for sid in self._pods}
                 self._containers = dict(merged.containers)
+                self._reindex()
                 self._in_flight = {k: t for k, t in self._in_flight.items() if k in self._containers}
-                self.generation += 1
+                self._bump()
             self._end_listing(listing.started)
             return merged

@@ -10,15 +10,22 @@ holding exactly the runtime's pods and containers, in the runtime's states, noth
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from cri_proxy.config import Config
+from cri_proxy.cpu import ContainerInfo, CPUSet, NodeInputs, Topology, decide
+from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
+from cri_proxy.enforce.policy import Policy
+from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.state.merge import Known, Listing, merge
-from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
+from cri_proxy.state.model import LIVE_STATES, ContainerRecord, ContainerState, NodeState, PodRecord
 
+TOPOLOGY = Topology.single_node(CPUSet.parse("0-7"))
 R, C, X, P = ContainerState.RUNNING, ContainerState.CREATED, ContainerState.EXITED, ContainerState.PENDING
 
 
@@ -137,6 +144,14 @@ class Interleavings(RuleBasedStateMachine):
         self.checkpoint: tuple[list[PodRecord], list[ContainerRecord]] = ([], [])
         self.answered: set[str] = set()  # created through this proxy process (its answer relayed)
         self.removed: set[str] = set()  # removed through the proxy
+        self.memo = DecideMemo()
+        self.reconciler = self._reconciler()
+
+    def _reconciler(self) -> Reconciler:
+        async def send(c: ContainerRecord, linux: bytes) -> None:
+            raise AssertionError("nothing is sent here")
+
+        return Reconciler(self.state, Policy(self.state, TOPOLOGY, Config), send, Config)
 
     def _new(self, prefix: str) -> str:
         return f"{prefix}{next(self.ids)}"
@@ -258,12 +273,68 @@ class Interleavings(RuleBasedStateMachine):
     def proxy_killed_and_restarted(self) -> None:
         self.state = NodeState()
         self.state.replace_all(*self.checkpoint)
+        self.reconciler = self._reconciler()
         self.calls.clear()  # kubelet's open calls died with the proxy (the runtime may have acted)
         self.open_listing = None
         self.answered.clear()
         self.removed.clear()
 
+    @precondition(lambda self: self.runtime.pods)
+    @rule(data=st.data(), qos=st.sampled_from(["LSE", "LSR", "LS", None]))
+    def api_view_changes(self, data: st.DataObject, qos: str | None) -> None:
+        uid = f"uid-{data.draw(st.sampled_from(sorted(self.runtime.pods)))}"
+        if qos is None:
+            self.state.forget_api_view(uid)
+        else:
+            # an LSE/LSR pod carves 0-3 out of the LS pool (LSR: not out of the BE pool)
+            allocation = {RESOURCE_STATUS_ANNOTATION: '{"cpuset": "0-3"}'} if qos in ("LSE", "LSR") else {}
+            self.state.set_api_view(uid, {QOS_LABEL: qos}, allocation)
+
+    @precondition(lambda self: self.state.pods())
+    @rule(data=st.data(), qos=st.sampled_from(["BE", "LS", "SYSTEM"]))
+    def pod_relabelled(self, data: st.DataObject, qos: str) -> None:
+        sid = data.draw(st.sampled_from(sorted(p.sandbox_id for p in self.state.pods())))
+        self.state.put_pod(replace(self.state.pod(sid), labels={QOS_LABEL: qos}))  # type: ignore[type-var]
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data(), applied=st.sampled_from(["0-7", "0-3", "", None]))
+    def cpuset_applied(self, data: st.DataObject, applied: str | None) -> None:
+        cid = data.draw(st.sampled_from(sorted(c.id for c in self.state.containers())))
+        self.state.update_container(cid, applied=applied)
+
     # -- what must hold ------------------------------------------------------------------------
+    @invariant()
+    def a_pass_looks_at_what_changed_and_finds_all(self) -> None:
+        """The reconciler's pass, looking only at what changed since its last one, finds what a
+        pass over every container finds."""
+        found = {(c.id, want) for c, want in self.reconciler.pending()}
+        everything = {(c.id, want) for c, want in self._reconciler().pending(everything=True)}
+        assert found == everything
+
+    @invariant()
+    def the_rules_view_follows_every_change(self) -> None:
+        """The PodInfos the state keeps per pod are what its records say now, and a plan decided
+        with the memo of the earlier ones is the plan decided afresh."""
+        containers = self.state.containers()
+        views, sourced = self.state.api_views(), self.state.api_sourced()
+        fresh = []
+        for p in self.state.pods():
+            if not p.ready:
+                continue
+            labels = dict(p.labels)
+            if "QoS label" in sourced.get(p.key, ""):  # the API view's label won
+                labels = {k: v for k, v in labels.items() if k != QOS_LABEL} | dict(views[p.uid].labels)
+            live = [
+                ContainerInfo(c.id, c.name)
+                for c in containers
+                if c.sandbox_id == p.sandbox_id and c.state in LIVE_STATES
+            ]
+            fresh.append((p.uid, p.name, p.cgroup_parent, labels, tuple(live)))
+        kept = self.state.pod_infos()
+        assert [(i.uid, i.name, i.cgroup_parent, dict(i.labels), i.containers) for i in kept] == fresh
+        inputs = NodeInputs(TOPOLOGY, pods=kept)
+        assert decide(inputs, self.memo) == decide(inputs)
+
     @invariant()
     def never_lost_never_back(self) -> None:
         have = {c.id for c in self.state.containers()}

@@ -26,6 +26,7 @@ from cri_proxy.cpu import (
     parse_kubelet_state,
     plan_to_json,
 )
+from cri_proxy.cpu.decide import DecideMemo
 from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
 
 CANONICAL = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -164,3 +165,17 @@ def test_pod_order_does_not_matter(g: Generated, rnd: random.Random) -> None:
     assert a["pools"] == b["pools"]
     assert a["containers"] == b["containers"]
     assert a["problems"] == b["problems"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(generated(), generated(), st.randoms(use_true_random=False))
+def test_a_memo_changes_no_plan(g: Generated, other: Generated, rnd: random.Random) -> None:
+    """`decide` with a memo from earlier calls (some pods the same objects, some new, other
+    pools, another kubelet state) gives the plan `decide` gives without one."""
+    memo = DecideMemo()
+    first = decide(other.inputs, memo)
+    assert first == decide(other.inputs)
+    kept = [p for p in other.inputs.pods if rnd.random() < 0.5]
+    mixed = replace(g.inputs, pods=tuple(kept + list(g.inputs.pods)))
+    for inputs in (g.inputs, mixed, mixed, replace(mixed, kubelet=other.inputs.kubelet), g.inputs):
+        assert decide(inputs, memo) == decide(inputs)
