@@ -22,6 +22,7 @@ class CheckpointKeeper:
         self.path = Path(state_dir) / CHECKPOINT_NAME
         self.state = state
         self.interval = interval
+        self.encoder = checkpoint.Encoder()  # re-encodes only the records changed since the last save
         self._saved_generation = -1
         self._last_error = ""
 
@@ -50,7 +51,7 @@ class CheckpointKeeper:
         if generation == self._saved_generation:
             return
         try:
-            await asyncio.to_thread(checkpoint.save, self.path, self.state)
+            await asyncio.to_thread(checkpoint.save, self.path, self.state, encoder=self.encoder)
         except CheckpointError as exc:
             if str(exc) != self._last_error:
                 logger.error("checkpoint not written (working in memory): {}", exc)

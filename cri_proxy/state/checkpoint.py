@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias, TypeVar
@@ -32,55 +33,94 @@ T = TypeVar("T")
 _MISSING = object()
 
 
+def _pod_doc(p: PodRecord) -> dict[str, Any]:
+    return {
+        "sandbox_id": p.sandbox_id,
+        "uid": p.uid,
+        "name": p.name,
+        "namespace": p.namespace,
+        "cgroup_parent": p.cgroup_parent,
+        "labels": dict(p.labels),
+        "annotations": dict(p.annotations),
+        "ready": p.ready,
+        "api_version": p.api_version,
+        "problems": list(p.problems),
+    }
+
+
+def _container_doc(c: ContainerRecord) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "sandbox_id": c.sandbox_id,
+        "name": c.name,
+        "resources": base64.b64encode(c.resources).decode("ascii"),
+        "state": c.state.value,
+        "applied": c.applied,
+        "attempt": c.attempt,
+        "api_version": c.api_version,
+        "actual_cpuset": c.actual_cpuset,
+        "actual_source": c.actual_source,
+        "actual_at": c.actual_at,
+        "pin": c.pin,
+    }
+
+
+class Encoder:
+    """Writes checkpoint documents, encoding only the records that changed since its last one.
+
+    Records are immutable (a change is a new object), so a record's JSON text is kept while the
+    state holds that very object. A node's thousands of unchanged records then cost a string join,
+    not a re-encoding that holds the interpreter (and so the event loop) for tens of milliseconds.
+    One record per line: the document stays valid JSON and readable.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[str, tuple[PodRecord, str]] = {}
+        self._containers: dict[str, tuple[ContainerRecord, str]] = {}
+        self._one = threading.Lock()  # a save at stop may overlap a cancelled one still in its thread
+
+    def dumps(self, pods: list[PodRecord], containers: list[ContainerRecord], written_at: float) -> str:
+        with self._one:
+            pod_lines = _lines(self._pods, {p.sandbox_id: p for p in pods}, _pod_doc)
+            container_lines = _lines(self._containers, {c.id: c for c in containers}, _container_doc)
+        sep = ",\n"
+        return (
+            f'{{"version": {VERSION}, "written_at": {json.dumps(written_at)},\n'
+            f'"pods": [\n{sep.join(pod_lines)}\n],\n'
+            f'"containers": [\n{sep.join(container_lines)}\n]}}\n'
+        )
+
+
+def _lines(
+    cache: dict[str, tuple[Any, str]], records: Mapping[str, Any], doc: Callable[[Any], Any]
+) -> list[str]:
+    """Each record's JSON text, from `cache` when the record is the one encoded before."""
+    out = []
+    for key, record in records.items():
+        kept = cache.get(key)
+        if kept is None or kept[0] is not record:
+            kept = cache[key] = (record, json.dumps(doc(record), sort_keys=True))
+        out.append(kept[1])
+    for gone in cache.keys() - records.keys():
+        del cache[gone]
+    return out
+
+
 def dumps(pods: list[PodRecord], containers: list[ContainerRecord], written_at: float) -> str:
     """The checkpoint document for these records."""
-    doc = {
-        "version": VERSION,
-        "written_at": written_at,
-        "pods": [
-            {
-                "sandbox_id": p.sandbox_id,
-                "uid": p.uid,
-                "name": p.name,
-                "namespace": p.namespace,
-                "cgroup_parent": p.cgroup_parent,
-                "labels": dict(p.labels),
-                "annotations": dict(p.annotations),
-                "ready": p.ready,
-                "api_version": p.api_version,
-                "problems": list(p.problems),
-            }
-            for p in pods
-        ],
-        "containers": [
-            {
-                "id": c.id,
-                "sandbox_id": c.sandbox_id,
-                "name": c.name,
-                "resources": base64.b64encode(c.resources).decode("ascii"),
-                "state": c.state.value,
-                "applied": c.applied,
-                "attempt": c.attempt,
-                "api_version": c.api_version,
-                "actual_cpuset": c.actual_cpuset,
-                "actual_source": c.actual_source,
-                "actual_at": c.actual_at,
-                "pin": c.pin,
-            }
-            for c in containers
-        ],
-    }
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    return Encoder().dumps(pods, containers, written_at)
 
 
-def save(path: PathLike, state: NodeState, now: Callable[[], float] = time.time) -> int:
+def save(
+    path: PathLike, state: NodeState, now: Callable[[], float] = time.time, encoder: Encoder | None = None
+) -> int:
     """Write the state's checkpoint atomically; returns the generation written.
 
     Creates the directory when missing. Raises `CheckpointError` (path and OS error) when it cannot
     be written; the previous checkpoint, if any, is then left as it was.
     """
     generation, pods, containers = state.snapshot()
-    data = dumps(pods, containers, now()).encode()
+    data = (encoder or Encoder()).dumps(pods, containers, now()).encode()
     target = os.path.abspath(os.fspath(path))
     directory, name = os.path.split(target)
     try:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.errors import CheckpointError
@@ -274,3 +276,35 @@ def test_a_checkpoint_from_before_pins_loads_without_them(tmp_path: Path) -> Non
 def test_a_pin_is_written_canonical_and_null_without_one() -> None:
     doc = _doc()
     assert [c["pin"] for c in doc["containers"]] == ["1", None, None, None]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "change", "drop"]),
+            st.integers(0, 5),  # which container
+            st.sampled_from(["0", "0-1", "2-3", ""]),
+        ),
+        max_size=30,
+    )
+)
+def test_the_kept_encoder_writes_what_a_fresh_one_writes(steps: list[tuple[str, int, str]]) -> None:
+    """The keeper's encoder re-encodes only the records that changed since its last document: after
+    any changes, its document is a fresh encoder's, and loads back to the very records."""
+    encoder = checkpoint.Encoder()
+    containers: dict[str, ContainerRecord] = {}
+    for n, (what, which, cpus) in enumerate(steps):
+        cid = f"c{which}"
+        if what == "put" or (what == "change" and cid not in containers):
+            containers[cid] = ContainerRecord(
+                cid, "s1", f"app{which}", RESOURCES, ContainerState.RUNNING, cpus, n
+            )
+        elif what == "change":
+            containers[cid] = replace(containers[cid], applied=cpus, attempt=n)
+        else:
+            containers.pop(cid, None)
+        kept = encoder.dumps(PODS, list(containers.values()), float(n))
+        assert kept == checkpoint.Encoder().dumps(PODS, list(containers.values()), float(n))
+        pods, loaded = checkpoint.loads(kept)
+        assert pods == PODS and loaded == list(containers.values())
