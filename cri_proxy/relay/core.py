@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 
 from cri_proxy.relay import messages, wire
 from cri_proxy.relay.flow import Budget, Windows
-from cri_proxy.relay.headerblock import BlockError, HeaderBlocks, header_value
+from cri_proxy.relay.headerblock import BlockError, HeaderBlocks, Headers, header_value
 from cri_proxy.relay.hooks import Hooks
 from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
 from cri_proxy.relay.streams import HookedRequest, Stream
@@ -40,6 +40,10 @@ UNKNOWN = 2
 RESOURCE_EXHAUSTED = 8
 INTERNAL = 13
 UNAVAILABLE = 14
+
+CLIENT_KEEP = frozenset((b":path", b"grpc-encoding"))  # the request header fields the core reads
+RUNTIME_KEEP = frozenset((b"grpc-status",))
+DECODE_BUDGET = 4096  # HPACK work a client's block may take per loop turn (~1-2 ms; hpackstep.py)
 
 Observer = Callable[[str, int, float, float], None]  # (path, code, total seconds, runtime seconds)
 
@@ -120,8 +124,8 @@ class LinkCore:
         self.c_split = wire.FrameSplitter(preface=True)
         self.r_split = wire.FrameSplitter(preface=False)
         self.r_split.max_frame = (1 << 24) - 1  # the runtime is trusted with its frame sizes
-        self.c_block = HeaderBlocks(decode_client, limits.header_block, limits.header_list)
-        self.r_block = HeaderBlocks(decode_runtime, 1 << 62, 1 << 62)
+        self.c_block = HeaderBlocks(decode_client, limits.header_block, limits.header_list, CLIENT_KEEP)
+        self.r_block = HeaderBlocks(decode_runtime, 1 << 62, 1 << 62, RUNTIME_KEEP)
         self.win = Windows()
         self.streams: dict[int, Stream] = {}
         self.last_stream = 0
@@ -170,7 +174,15 @@ class LinkCore:
 
     def wants_client(self) -> bool:
         """Whether the client's bytes should be read now (False while its frames wait or pile up)."""
-        return not self.stalled and self.win.queued + self.held < self.limits.buffer
+        return (
+            not self.stalled
+            and not self.c_block.decoding
+            and self.win.queued + self.held < self.limits.buffer
+        )
+
+    def decoding(self) -> bool:
+        """Whether a client's header block is half decoded: call `decode_more` on a later loop turn."""
+        return self.c_block.decoding and not self.closing
 
     def _own_to_runtime(self, chunk: Buf, flow: int = 0) -> None:
         self.own_r.append((chunk, flow))
@@ -205,7 +217,7 @@ class LinkCore:
         out = self.out_r
         streams = self.streams
         for at, end, ftype, flags, sid in frames:
-            if self.stalled:
+            if self.stalled or self.c_block.decoding:
                 end = at
                 break
             if self.c_block.open and ftype != wire.CONTINUATION:
@@ -291,20 +303,46 @@ class LinkCore:
             done = block.continuation(flags, sid, payload)
         if not done:
             return True
-        decoded = block.decode()
+        if block.decoder is None:
+            self._client_block(None, now)
+            return True
+        decoded = block.decode(DECODE_BUDGET)
+        if decoded is not None:
+            self._client_block(decoded, now)
+        return True  # else decode_more goes on with it; the client's next frames wait
+
+    def decode_more(self, now: float = 0.0) -> None:
+        """Decode more of the client's half-decoded header block; then its next frames go on."""
+        if not self.c_block.decoding or self.closing:
+            return
+        try:
+            decoded = self.c_block.decode(DECODE_BUDGET)
+        except BlockError:
+            # the runtime has the whole block and answers it with its own error; the rest is dropped
+            self._client_broke(b"")
+            return
+        if decoded is None:
+            return
+        self._client_block(decoded, now)
+        self._client_resume(now)
+        self._after()
+
+    def _client_block(self, decoded: tuple[Headers, int] | None, now: float) -> None:
+        """A client's header block is decoded: a new stream's request is read from it."""
+        block = self.c_block
         sid = block.sid
         if sid in self.streams or sid <= self.last_stream or not sid & 1:
-            return True  # trailers, or a stream the runtime will judge
+            return  # trailers, or a stream the runtime will judge
         self.last_stream = sid
         if decoded is None:
-            return True
+            return
         headers, size = decoded
         if size > self.limits.header_list:
             # the runtime has the block (its HPACK state must follow); the stream ends here
             self.dropping.add(sid)
             self._own_to_runtime(wire.rst_stream(sid, wire.CANCEL))
             self._own_to_client(wire.rst_stream(sid, wire.FRAME_SIZE_ERROR))
-            return True
+            return
         raw_path = header_value(headers, b":path")
         path = raw_path.decode("utf-8", "replace") if raw_path is not None else ""
         info = KNOWN.get(path)
@@ -317,7 +355,6 @@ class LinkCore:
             if hooks is not None and not block.end_stream:
                 st.hook = HookedRequest(info, hooks, self.win.initial_window)
                 st.hook.encoding = header_value(headers, b"grpc-encoding")
-        return True
 
     def _hold(
         self, st: Stream, hook: HookedRequest, flags: int, buf: Buf, start: int, end: int, flow: int
@@ -447,13 +484,17 @@ class LinkCore:
         if hook is not None and (hook.running or (hook.sending and not hook.finished)):
             return  # its hook runs, or its request is still going out (window): the trailers wait
         self.stalled = 0
+        self._client_resume()
+
+    def _client_resume(self, now: float = 0.0) -> None:
+        """The client's frames that waited (for a hooked request, or a header block's decoding) go on."""
         if self.c_split.pending() and not self.client_dead:
             try:
                 buf, off, frames = self.c_split.feed(b"")
             except (wire.FrameTooLarge, wire.PrefaceError):
                 self._client_broke(bytes(self.c_split.buf))
                 return
-            self._client_frames(buf, off, frames, 0.0)
+            self._client_frames(buf, off, frames, now)
 
     def _pump(self, st: Stream) -> None:
         """Send what the stream's window allows of its hooked request, in frames the runtime takes."""
