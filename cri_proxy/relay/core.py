@@ -324,6 +324,7 @@ class LinkCore:
         if decoded is None:
             return
         self._client_block(decoded, now)
+        self._flush_own_r()  # a refusal's RST_STREAM goes right after the block, as when decoded at once
         self._client_resume(now)
         self._after()
 

@@ -8,12 +8,13 @@ dynamic table is that library's `HeaderTable`), with three differences that boun
 - the decoded header list is only counted (name + value + 32 a field); fields are kept while it
   stays under `max_list`, and only the first of each name in `keep` (None: all of them). Past the
   limit nothing more is kept, but the block is still decoded to its end: the dynamic table must
-  follow the sender's;
+  follow the sender's (runs of one-byte references, which leave it alone, are skipped unread);
 - a block's work is linear in its size (the library copies the rest of the block per literal).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator, Iterator
 
 from hpack import HPACKDecodingError, InvalidTableSizeError
@@ -28,6 +29,7 @@ HUFFMAN_SLICE = 4096  # Huffman-coded bytes decoded between checks of the budget
 MAX_INT_BYTES = 4  # continuation octets of an integer with their high bit set (as the library)
 
 _COMPLETE, _EMIT, _FAIL = 1, 2, 4
+_ONE_BYTE_REFERENCES = re.compile(rb"[\x80-\xfe]+")  # indexed fields with an index under 127
 
 
 class DecodeError(ValueError):
@@ -114,6 +116,15 @@ class StepDecoder:
             if self._work <= 0:
                 yield
             first = data[pos]
+            if first & 0x80 and self.over:
+                # refused already: a run of one-byte references changes no table, so it is skipped at
+                # C speed (the size stops being exact; it is over the limit whatever they add)
+                run = _ONE_BYTE_REFERENCES.match(data, pos)
+                if run is not None:
+                    self.count += run.end() - pos
+                    self._work -= (run.end() - pos) // PLAIN_PER_UNIT + 1
+                    pos = run.end()
+                    continue
             if first & 0x80:  # indexed field
                 index, pos = _integer(data, pos, 7)
                 name, value = table.get_by_index(index)

@@ -185,6 +185,72 @@ def test_small_block_that_expands_huge(sockets: dict[str, Path]) -> None:
     same(sockets, scenario)
 
 
+def _literal(name: bytes, value: bytes, index: bool = False, huffman: bool = False) -> bytes:
+    """A literal field with a new name; the value Huffman-coded when asked (only for 8-byte runs of 'a')."""
+    if huffman:
+        coded = b"\x18\xc6\x31\x8c\x63" * (len(value) // 8)  # eight 'a's: 40 bits of code '00011'
+        string = bytearray(encode_integer(len(coded), 7))
+        string[0] |= 0x80
+        encoded = bytes(string) + coded
+    else:
+        encoded = bytes(encode_integer(len(value), 7)) + value
+    return (b"\x40" if index else b"\x00") + bytes(encode_integer(len(name), 7)) + name + encoded
+
+
+BIG_BLOCKS = {  # ~1.9 MB of fields each: under the proxy's 2 MiB block cap, a list containerd takes
+    "many-small": _literal(b"x-f", b"v" * 8) * 140_000,
+    "huffman": _literal(b"x-huff", b"a" * 3_000_000, huffman=True),
+    "incremental": b"".join(_literal(b"x-inc-%d" % (i % 4), b"i" * 4000, index=True) for i in range(470)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BIG_BLOCKS))
+def test_biggest_header_blocks_then_the_table_still_agrees(sockets: dict[str, Path], kind: str) -> None:
+    """A block near the cap (decoded over many loop turns by the proxy), then calls on the same
+    connection whose headers use the dynamic table: answered alike, the connection lives on."""
+
+    def scenario(path: Path) -> Any:
+        with h2raw.RawH2(path) as conn:
+            sid = conn.new_stream()
+            block = conn.header_block(h2raw.request_headers(VERSION)) + BIG_BLOCKS[kind]
+            first, rest = block[:16384], block[16384:]
+            out = [h2raw.frame(h2raw.HEADERS, 0, sid, first)]
+            while rest:
+                chunk, rest = rest[:16384], rest[16384:]
+                out.append(h2raw.frame(h2raw.CONTINUATION, 0 if rest else h2raw.END_HEADERS, sid, chunk))
+            conn.send(b"".join(out))
+            if kind == "incremental":  # the client's encoder must know what the server's table holds
+                for i in range(470):
+                    conn.enc.header_table.add(b"x-inc-%d" % (i % 4), b"i" * 4000)
+            conn.send_data(sid, h2raw.grpc_message(b""))
+            big = str(conn.outcome(sid, 30))
+            after = [str(conn.outcome(conn.call(VERSION, b"", [("x-after", "1")]), 10)) for _ in range(3)]
+            return big, after, conn.alive()
+
+    same(sockets, scenario)
+
+
+def test_expanding_block_ends_its_stream_only(sockets: dict[str, Path]) -> None:
+    """A small block that expands past 16 MiB via the dynamic table: that stream is reset, and the
+    next calls on the connection (their headers referring to the table) are answered."""
+    value, name = b"e" * 4000, b"x-edge-expand"
+    insert = _literal(name, value, index=True)
+    count = (17 << 20) // (len(name) + len(value) + 32)
+
+    def scenario(path: Path) -> Any:
+        with h2raw.RawH2(path) as conn:
+            sid = conn.new_stream()
+            block = conn.header_block(h2raw.request_headers(VERSION)) + insert + b"\xbe" * count
+            conn.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, sid, block))
+            conn.enc.header_table.add(name, value)  # what the server's table now holds
+            conn.send_data(sid, h2raw.grpc_message(b""))
+            expanded = str(conn.outcome(sid, 20))
+            after = [str(conn.outcome(conn.call(VERSION, b"", [("x-after", "1")]), 10)) for _ in range(3)]
+            return expanded, after, conn.alive()
+
+    same(sockets, scenario)
+
+
 def test_endless_continuation(sockets: dict[str, Path]) -> None:
     """HEADERS without END_HEADERS, then CONTINUATION frames that never end it (up to 64 MiB)."""
     filler = b"\x00" + encode_integer(7, 7) + b"x-edge-" + encode_integer(16000, 7) + b"c" * 16000
