@@ -15,7 +15,9 @@ Protocol errors: what the runtime would reject (bad preface, oversized frame, br
 block) is passed to the runtime, which answers with its own error code and scope; the client's
 later bytes are dropped. DATA past the client's window goes on too (the runtime judges it), never
 held. The core answers itself only for its own limits: a header block over the cap (GOAWAY
-PROTOCOL_ERROR), a header list over 16 MiB (RST_STREAM FRAME_SIZE_ERROR, that stream only).
+PROTOCOL_ERROR), a header list over 16 MiB (RST_STREAM FRAME_SIZE_ERROR, that stream only, as grpc-go
+does; the limit is announced to the client in the runtime's first SETTINGS). A big header block is
+decoded a bounded step at a time (`decoding`, `decode_more`): the client's next frames wait for it.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class LinkCore:
         self.client_dead = False  # the client broke the protocol: its further bytes are dropped
         self.runtime_lost_code = 0  # the runtime went away: the calls it had end with this
         self.goaway_sent = False  # a GOAWAY reached the client (the runtime's or ours)
+        self.list_announced = False  # the runtime's first SETTINGS went on, with the header list limit
+        self.early: list[bytes] = []  # the runtime's bytes before the client's connection preface
         self.closing = False  # close both connections once the output is written
         self.warnings: list[str] = []
         # pre hooks cancelled with their call: if one finished first, its work is rolled back
@@ -170,6 +174,7 @@ class LinkCore:
             + sum(len(c) for c, _ in self.own_r)
             + self.c_block.pending_bytes()
             + self.r_block.pending_bytes()
+            + sum(len(c) for c in self.early)
         )
 
     def wants_client(self) -> bool:
@@ -208,8 +213,13 @@ class LinkCore:
         try:
             buf, off, frames = self.c_split.feed(data)
         except (wire.PrefaceError, wire.FrameTooLarge):
-            return self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
-        self._client_frames(buf, off, frames, now)
+            self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
+        else:
+            self._client_frames(buf, off, frames, now)
+        if self.early and (self.client_dead or not self.c_split.preface_left):
+            early, self.early = self.early, []
+            for chunk in early:
+                self.receive_from_runtime(chunk, now)
 
     def _client_frames(self, buf: Buf, off: int, frames: list[wire.Frame], now: float) -> None:
         start = 0  # the span of frames passed through unchanged, not yet written
@@ -573,6 +583,11 @@ class LinkCore:
     def receive_from_runtime(self, data: bytes, now: float = 0.0) -> None:
         if self.closing:
             return
+        if self.c_split.preface_left and not self.client_dead:
+            # until the client has shown it speaks HTTP/2, the runtime's first SETTINGS waits: then it
+            # goes with the header list limit added (or as it is, to a client that does not)
+            self.early.append(data)
+            return
         try:
             buf, off, frames = self.r_split.feed(data)
         except (wire.FrameTooLarge, wire.PrefaceError) as exc:
@@ -739,8 +754,23 @@ class LinkCore:
             elif ident == wire.SETTINGS_MAX_FRAME_SIZE:
                 self.win.max_frame = value
                 self.c_split.max_frame = value
-        return True  # unchanged: the header list limit is grpc-go's default, which containerd does not
-        # announce either, so neither does the relay
+        if self.list_announced:
+            return True
+        self.list_announced = True
+        if (
+            len(payload) % 6
+            or any(ident == wire.SETTINGS_MAX_HEADER_LIST_SIZE for ident, _ in wire.settings_pairs(payload))
+            or self.client_dead
+        ):
+            # the runtime announces its own limit (or a broken frame), or the client does not speak
+            # HTTP/2: passed as it is
+            return True
+        # the runtime's first SETTINGS, plus the header list limit the relay holds the client to (grpc-go's
+        # default, which containerd enforces without announcing): a client can then fail fast itself
+        self._span(buf, start, at)
+        limit = min(self.limits.header_list, wire.MAX_SETTING)
+        self.out_c.append(wire.settings_frame(payload, ((wire.SETTINGS_MAX_HEADER_LIST_SIZE, limit),)))
+        return False
 
     def _runtime_goaway(self, buf: Buf, at: int, end: int, start: int) -> bool:
         """A GOAWAY with an error ends every open call: end them first, naming the runtime."""

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 VERSION = "/runtime.v1.RuntimeService/Version"
 UPDATE = "/runtime.v1.RuntimeService/UpdateContainerResources"  # hooked by the proxy
 LIMIT = 16 * 1024 * 1024  # both containerd's and the proxy's message limit
+MAX_HEADER_LIST_SIZE = 0x6  # SETTINGS_MAX_HEADER_LIST_SIZE
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,18 @@ def test_settings_acked_and_ping_answered_before_any_request(target: Path) -> No
         assert client.goaway is None and not client.closed
         call = client.call(VERSION)
         assert call.grpc_status == 0 and call.data
+
+
+def test_the_proxy_announces_the_header_list_limit_containerd_enforces(sockets: dict[str, Path]) -> None:
+    """containerd announces no SETTINGS_MAX_HEADER_LIST_SIZE but enforces grpc-go's 16 MiB; the proxy
+    passes containerd's SETTINGS with that limit added, so a client can hold to it by itself."""
+    seen = {}
+    for name, path in sockets.items():
+        with h2raw.RawH2(path) as conn:
+            assert conn.wait(lambda: conn.settings_acked > 0 and bool(conn.server_settings), 5)
+            seen[name] = dict(conn.server_settings)
+    assert MAX_HEADER_LIST_SIZE not in seen["direct"]
+    assert seen["proxy"] == {**seen["direct"], MAX_HEADER_LIST_SIZE: 16 << 20}
 
 
 def test_an_idle_connection_is_not_closed_through_the_proxy(edges_proxy: ProxyProcess) -> None:

@@ -329,3 +329,33 @@ def test_core_decodes_a_big_block_over_turns_while_the_client_waits(over: bool) 
     else:
         assert not client and 1 in core.streams and 3 in core.streams
     assert rest.endswith(after + wire.frame(wire.PING, 0, 0, b"12345678"))
+
+
+def test_the_runtimes_first_settings_reach_the_client_with_the_header_list_limit() -> None:
+    core = LinkCore(lambda path: None, Limits())
+    core.receive_from_client(wire.PREFACE + wire.settings())
+    first = wire.settings(((wire.SETTINGS_MAX_FRAME_SIZE, 16384),))
+    later = wire.settings(((wire.SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20),))
+    core.receive_from_runtime(first + wire.SETTINGS_ACK + later)
+    assert b"".join(core.take_client()) == (
+        wire.settings(((wire.SETTINGS_MAX_FRAME_SIZE, 16384), (wire.SETTINGS_MAX_HEADER_LIST_SIZE, 16 << 20)))
+        + wire.SETTINGS_ACK
+        + later
+    )
+
+
+def test_a_runtime_that_announces_its_own_header_list_limit_is_heard_as_it_is() -> None:
+    core = LinkCore(lambda path: None, Limits())
+    own = wire.settings(((wire.SETTINGS_MAX_HEADER_LIST_SIZE, 8192),))
+    core.receive_from_runtime(own)
+    assert not core.take_client()  # the client has not sent its preface yet: the SETTINGS waits
+    core.receive_from_client(wire.PREFACE)
+    assert b"".join(core.take_client()) == own
+
+
+def test_a_client_that_does_not_speak_http2_gets_the_runtimes_settings_as_they_are() -> None:
+    core = LinkCore(lambda path: None, Limits())
+    first = wire.settings(((wire.SETTINGS_MAX_FRAME_SIZE, 16384),))
+    core.receive_from_runtime(first)
+    core.receive_from_client(b"GET / HTTP/1.1\r\n\r\n")
+    assert b"".join(core.take_client()) == first and core.client_dead
