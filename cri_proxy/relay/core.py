@@ -328,8 +328,9 @@ class LinkCore:
         try:
             decoded = self.c_block.decode(DECODE_BUDGET)
         except BlockError:
-            # the runtime has the whole block and answers it with its own error; the rest is dropped
-            self._client_broke(b"")
+            # the runtime has the whole block and answers it with its own error: the client's bytes
+            # that waited go to it as they would have (it judges them), later ones are dropped
+            self._client_broke(bytes(self.c_split.buf))
             return
         if decoded is None:
             return

@@ -359,3 +359,19 @@ def test_a_client_that_does_not_speak_http2_gets_the_runtimes_settings_as_they_a
     core.receive_from_runtime(first)
     core.receive_from_client(b"GET / HTTP/1.1\r\n\r\n")
     assert b"".join(core.take_client()) == first and core.client_dead
+
+
+def test_a_big_block_that_turns_out_broken_goes_to_the_runtime_with_what_waited() -> None:
+    """The bad field is at the end: found turns later; the runtime (which judges it) has it all."""
+    core = LinkCore(lambda path: None, Limits())
+    enc = hpack.Encoder()
+    opening = wire.PREFACE + wire.settings()
+    big = _frames(1, _request(enc, [(b"x-f%d" % i, b"v" * 8) for i in range(40_000)]) + b"\xff\xff\x7f")
+    after = wire.frame(wire.PING, 0, 0, b"12345678")
+    core.receive_from_client(opening + big + after)
+    while core.decoding():
+        core.decode_more()
+    assert b"".join(core.take_runtime()) == opening + big + after
+    assert core.client_dead and not core.take_client()
+    core.receive_from_client(after)
+    assert not core.take_runtime()  # the client's later bytes are dropped
