@@ -145,6 +145,7 @@ class LinkCore:
         self.goaway_sent = False  # a GOAWAY reached the client (the runtime's or ours)
         self.list_announced = False  # the runtime's first SETTINGS went on, with the header list limit
         self.early: list[bytes] = []  # the runtime's bytes before the client's connection preface
+        self.answered_early = False  # the runtime ended the stream whose block is being decoded
         self.closing = False  # close both connections once the output is written
         self.warnings: list[str] = []
         # pre hooks cancelled with their call: if one finished first, its work is rolled back
@@ -339,13 +340,21 @@ class LinkCore:
         self._client_resume(now)
         self._after()
 
+    def _ended_while_decoding(self, sid: int) -> None:
+        """The runtime ended a stream whose request headers we are still decoding (it was quicker)."""
+        if self.c_block.decoding and sid == self.c_block.sid:
+            self.answered_early = True
+
     def _client_block(self, decoded: tuple[Headers, int] | None, now: float) -> None:
         """A client's header block is decoded: a new stream's request is read from it."""
         block = self.c_block
         sid = block.sid
+        early, self.answered_early = self.answered_early, False
         if sid in self.streams or sid <= self.last_stream or not sid & 1:
             return  # trailers, or a stream the runtime will judge
         self.last_stream = sid
+        if early:
+            return  # the runtime answered (or reset) it meanwhile: nothing of it to follow
         if decoded is None:
             return
         headers, size = decoded
@@ -625,6 +634,7 @@ class LinkCore:
             elif ftype == wire.RST_STREAM:
                 self._reset(sid, CANCELLED)
                 self.dropping.discard(sid)
+                self._ended_while_decoding(sid)
             elif ftype == wire.GOAWAY:
                 keep = self._runtime_goaway(buf, at, end, start)
             if not keep:
@@ -695,6 +705,7 @@ class LinkCore:
         decoded = block.decode()
         if block.end_stream:
             self.dropping.discard(block.sid)
+            self._ended_while_decoding(block.sid)
         st = self.streams.get(block.sid)
         if st is None:
             return

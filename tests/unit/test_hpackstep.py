@@ -375,3 +375,24 @@ def test_a_big_block_that_turns_out_broken_goes_to_the_runtime_with_what_waited(
     assert core.client_dead and not core.take_client()
     core.receive_from_client(after)
     assert not core.take_runtime()  # the client's later bytes are dropped
+
+
+@pytest.mark.parametrize("ending", ["trailers-only", "reset"])
+def test_a_stream_the_runtime_ends_while_its_block_is_decoded_is_not_followed(ending: str) -> None:
+    """containerd decodes faster: it may answer (an unknown method: at once) before the proxy is done."""
+    core = LinkCore(lambda path: None, Limits())
+    enc = hpack.Encoder()
+    core.receive_from_client(wire.PREFACE + wire.settings())
+    core.receive_from_client(_frames(1, _request(enc, [(b"x-f%d" % i, b"v" * 8) for i in range(40_000)])))
+    assert core.decoding()
+    core.receive_from_runtime(wire.settings())
+    if ending == "reset":
+        answer = wire.rst_stream(1, wire.PROTOCOL_ERROR)
+    else:
+        flags = wire.END_STREAM | wire.END_HEADERS
+        answer = wire.frame(wire.HEADERS, flags, 1, wire.status_block(12, "", True))
+    core.receive_from_runtime(answer)
+    assert b"".join(core.take_client()).endswith(answer)
+    while core.decoding():
+        core.decode_more()
+    assert not core.streams and not core.busy() and core.last_stream == 1
