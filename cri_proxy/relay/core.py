@@ -15,7 +15,9 @@ Protocol errors: what the runtime would reject (bad preface, oversized frame, br
 block) is passed to the runtime, which answers with its own error code and scope; the client's
 later bytes are dropped. DATA past the client's window goes on too (the runtime judges it), never
 held. The core answers itself only for its own limits: a header block over the cap (GOAWAY
-PROTOCOL_ERROR), a header list over 16 MiB (RST_STREAM FRAME_SIZE_ERROR, that stream only).
+PROTOCOL_ERROR), a header list over 16 MiB (RST_STREAM FRAME_SIZE_ERROR, that stream only, as grpc-go
+does; the limit is announced to the client in the runtime's first SETTINGS). A big header block is
+decoded a bounded step at a time (`decoding`, `decode_more`): the client's next frames wait for it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from google.protobuf.message import Message
 
 from cri_proxy.relay import messages, wire
 from cri_proxy.relay.flow import Budget, Windows
-from cri_proxy.relay.headerblock import BlockError, HeaderBlocks, header_value
+from cri_proxy.relay.headerblock import BlockError, HeaderBlocks, Headers, header_value
 from cri_proxy.relay.hooks import Hooks
 from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
 from cri_proxy.relay.streams import HookedRequest, Stream
@@ -40,6 +42,10 @@ UNKNOWN = 2
 RESOURCE_EXHAUSTED = 8
 INTERNAL = 13
 UNAVAILABLE = 14
+
+CLIENT_KEEP = frozenset((b":path", b"grpc-encoding"))  # the request header fields the core reads
+RUNTIME_KEEP = frozenset((b"grpc-status",))
+DECODE_BUDGET = 4096  # HPACK work a client's block may take per loop turn (~1-2 ms; hpackstep.py)
 
 Observer = Callable[[str, int, float, float], None]  # (path, code, total seconds, runtime seconds)
 
@@ -120,8 +126,8 @@ class LinkCore:
         self.c_split = wire.FrameSplitter(preface=True)
         self.r_split = wire.FrameSplitter(preface=False)
         self.r_split.max_frame = (1 << 24) - 1  # the runtime is trusted with its frame sizes
-        self.c_block = HeaderBlocks(decode_client, limits.header_block, limits.header_list)
-        self.r_block = HeaderBlocks(decode_runtime, 1 << 62, 1 << 62)
+        self.c_block = HeaderBlocks(decode_client, limits.header_block, limits.header_list, CLIENT_KEEP)
+        self.r_block = HeaderBlocks(decode_runtime, 1 << 62, 1 << 62, RUNTIME_KEEP)
         self.win = Windows()
         self.streams: dict[int, Stream] = {}
         self.last_stream = 0
@@ -137,6 +143,9 @@ class LinkCore:
         self.client_dead = False  # the client broke the protocol: its further bytes are dropped
         self.runtime_lost_code = 0  # the runtime went away: the calls it had end with this
         self.goaway_sent = False  # a GOAWAY reached the client (the runtime's or ours)
+        self.list_announced = False  # the runtime's first SETTINGS went on, with the header list limit
+        self.early: list[bytes] = []  # the runtime's bytes before the client's connection preface
+        self.answered_early = False  # the runtime ended the stream whose block is being decoded
         self.closing = False  # close both connections once the output is written
         self.warnings: list[str] = []
         # pre hooks cancelled with their call: if one finished first, its work is rolled back
@@ -166,11 +175,20 @@ class LinkCore:
             + sum(len(c) for c, _ in self.own_r)
             + self.c_block.pending_bytes()
             + self.r_block.pending_bytes()
+            + sum(len(c) for c in self.early)
         )
 
     def wants_client(self) -> bool:
         """Whether the client's bytes should be read now (False while its frames wait or pile up)."""
-        return not self.stalled and self.win.queued + self.held < self.limits.buffer
+        return (
+            not self.stalled
+            and not self.c_block.decoding
+            and self.win.queued + self.held < self.limits.buffer
+        )
+
+    def decoding(self) -> bool:
+        """Whether a client's header block is half decoded: call `decode_more` on a later loop turn."""
+        return self.c_block.decoding and not self.closing
 
     def _own_to_runtime(self, chunk: Buf, flow: int = 0) -> None:
         self.own_r.append((chunk, flow))
@@ -196,8 +214,13 @@ class LinkCore:
         try:
             buf, off, frames = self.c_split.feed(data)
         except (wire.PrefaceError, wire.FrameTooLarge):
-            return self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
-        self._client_frames(buf, off, frames, now)
+            self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
+        else:
+            self._client_frames(buf, off, frames, now)
+        if self.early and (self.client_dead or not self.c_split.preface_left):
+            early, self.early = self.early, []
+            for chunk in early:
+                self.receive_from_runtime(chunk, now)
 
     def _client_frames(self, buf: Buf, off: int, frames: list[wire.Frame], now: float) -> None:
         start = 0  # the span of frames passed through unchanged, not yet written
@@ -205,7 +228,7 @@ class LinkCore:
         out = self.out_r
         streams = self.streams
         for at, end, ftype, flags, sid in frames:
-            if self.stalled:
+            if self.stalled or self.c_block.decoding:
                 end = at
                 break
             if self.c_block.open and ftype != wire.CONTINUATION:
@@ -291,20 +314,56 @@ class LinkCore:
             done = block.continuation(flags, sid, payload)
         if not done:
             return True
-        decoded = block.decode()
-        sid = block.sid
-        if sid in self.streams or sid <= self.last_stream or not sid & 1:
-            return True  # trailers, or a stream the runtime will judge
-        self.last_stream = sid
-        if decoded is None:
+        if block.decoder is None:
+            self._client_block(None, now)
             return True
+        decoded = block.decode(DECODE_BUDGET)
+        if decoded is not None:
+            self._client_block(decoded, now)
+        return True  # else decode_more goes on with it; the client's next frames wait
+
+    def decode_more(self, now: float = 0.0) -> None:
+        """Decode more of the client's half-decoded header block; then its next frames go on."""
+        if not self.c_block.decoding or self.closing:
+            return
+        try:
+            decoded = self.c_block.decode(DECODE_BUDGET)
+        except BlockError:
+            # the runtime has the whole block and answers it with its own error: the client's bytes
+            # that waited go to it as they would have (it judges them), later ones are dropped
+            self._client_broke(bytes(self.c_split.buf))
+            return
+        if decoded is None:
+            return
+        self._client_block(decoded, now)
+        self._flush_own_r()  # a refusal's RST_STREAM goes right after the block, as when decoded at once
+        self._client_resume(now)
+        self._after()
+
+    def _ended_while_decoding(self, sid: int) -> None:
+        """The runtime ended a stream whose request headers we are still decoding (it was quicker)."""
+        if self.c_block.decoding and sid == self.c_block.sid:
+            self.answered_early = True
+
+    def _client_block(self, decoded: tuple[Headers, int] | None, now: float) -> None:
+        """A client's header block is decoded: a new stream's request is read from it."""
+        block = self.c_block
+        sid = block.sid
+        early, self.answered_early = self.answered_early, False
+        if sid in self.streams or sid <= self.last_stream or not sid & 1:
+            return  # trailers, or a stream the runtime will judge
+        self.last_stream = sid
+        if early:
+            return  # the runtime answered (or reset) it meanwhile: nothing of it to follow
+        if decoded is None:
+            return
         headers, size = decoded
         if size > self.limits.header_list:
             # the runtime has the block (its HPACK state must follow); the stream ends here
             self.dropping.add(sid)
             self._own_to_runtime(wire.rst_stream(sid, wire.CANCEL))
             self._own_to_client(wire.rst_stream(sid, wire.FRAME_SIZE_ERROR))
-            return True
+            return
         raw_path = header_value(headers, b":path")
         path = raw_path.decode("utf-8", "replace") if raw_path is not None else ""
         info = KNOWN.get(path)
@@ -317,7 +376,6 @@ class LinkCore:
             if hooks is not None and not block.end_stream:
                 st.hook = HookedRequest(info, hooks, self.win.initial_window)
                 st.hook.encoding = header_value(headers, b"grpc-encoding")
-        return True
 
     def _hold(
         self, st: Stream, hook: HookedRequest, flags: int, buf: Buf, start: int, end: int, flow: int
@@ -447,13 +505,17 @@ class LinkCore:
         if hook is not None and (hook.running or (hook.sending and not hook.finished)):
             return  # its hook runs, or its request is still going out (window): the trailers wait
         self.stalled = 0
+        self._client_resume()
+
+    def _client_resume(self, now: float = 0.0) -> None:
+        """The client's frames that waited (for a hooked request, or a header block's decoding) go on."""
         if self.c_split.pending() and not self.client_dead:
             try:
                 buf, off, frames = self.c_split.feed(b"")
             except (wire.FrameTooLarge, wire.PrefaceError):
                 self._client_broke(bytes(self.c_split.buf))
                 return
-            self._client_frames(buf, off, frames, 0.0)
+            self._client_frames(buf, off, frames, now)
 
     def _pump(self, st: Stream) -> None:
         """Send what the stream's window allows of its hooked request, in frames the runtime takes."""
@@ -531,6 +593,11 @@ class LinkCore:
     def receive_from_runtime(self, data: bytes, now: float = 0.0) -> None:
         if self.closing:
             return
+        if self.c_split.preface_left and not self.client_dead:
+            # until the client has shown it speaks HTTP/2, the runtime's first SETTINGS waits: then it
+            # goes with the header list limit added (or as it is, to a client that does not)
+            self.early.append(data)
+            return
         try:
             buf, off, frames = self.r_split.feed(data)
         except (wire.FrameTooLarge, wire.PrefaceError) as exc:
@@ -567,6 +634,7 @@ class LinkCore:
             elif ftype == wire.RST_STREAM:
                 self._reset(sid, CANCELLED)
                 self.dropping.discard(sid)
+                self._ended_while_decoding(sid)
             elif ftype == wire.GOAWAY:
                 keep = self._runtime_goaway(buf, at, end, start)
             if not keep:
@@ -637,6 +705,7 @@ class LinkCore:
         decoded = block.decode()
         if block.end_stream:
             self.dropping.discard(block.sid)
+            self._ended_while_decoding(block.sid)
         st = self.streams.get(block.sid)
         if st is None:
             return
@@ -697,8 +766,23 @@ class LinkCore:
             elif ident == wire.SETTINGS_MAX_FRAME_SIZE:
                 self.win.max_frame = value
                 self.c_split.max_frame = value
-        return True  # unchanged: the header list limit is grpc-go's default, which containerd does not
-        # announce either, so neither does the relay
+        if self.list_announced:
+            return True
+        self.list_announced = True
+        if (
+            len(payload) % 6
+            or any(ident == wire.SETTINGS_MAX_HEADER_LIST_SIZE for ident, _ in wire.settings_pairs(payload))
+            or self.client_dead
+        ):
+            # the runtime announces its own limit (or a broken frame), or the client does not speak
+            # HTTP/2: passed as it is
+            return True
+        # the runtime's first SETTINGS, plus the header list limit the relay holds the client to (grpc-go's
+        # default, which containerd enforces without announcing): a client can then fail fast itself
+        self._span(buf, start, at)
+        limit = min(self.limits.header_list, wire.MAX_SETTING)
+        self.out_c.append(wire.settings_frame(payload, ((wire.SETTINGS_MAX_HEADER_LIST_SIZE, limit),)))
+        return False
 
     def _runtime_goaway(self, buf: Buf, at: int, end: int, start: int) -> bool:
         """A GOAWAY with an error ends every open call: end them first, naming the runtime."""

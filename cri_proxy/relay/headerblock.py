@@ -1,4 +1,4 @@
-"""One direction's header blocks (HEADERS + CONTINUATIONs): gathered, capped, HPACK-decoded.
+"""One direction's header blocks (HEADERS + CONTINUATIONs): gathered, capped, HPACK-decoded in steps.
 
 The relay forwards every header block unchanged, so its decoder must see exactly the bytes the
 receiving peer's decoder sees, in the same order, with the same table size limit. A table size the
@@ -6,31 +6,22 @@ receiver announces (SETTINGS_HEADER_TABLE_SIZE) binds the sender's encoder once 
 acknowledged it, so the decoder takes it when that ACK passes, not when the SETTINGS does.
 
 Bounds: a block's encoded size is capped (`max_block`); the decoded size of its header list is
-counted (name + value + 32 per field, as SETTINGS_MAX_HEADER_LIST_SIZE counts it) and a list over
-`max_list` is reported, not refused here: the table state stays in sync, the stream alone is ended.
-Decoding never copies a field out of the dynamic table, so a small block of many references to a
-big entry costs a pointer per field, not the bytes it expands to.
+counted as it is decoded (name + value + 32 per field, as SETTINGS_MAX_HEADER_LIST_SIZE counts it)
+and a list over `max_list` is reported, not refused here: the table state stays in sync, the stream
+alone is ended. Only the fields named in `keep` are kept, and none once the list is over the limit.
+A block is decoded in steps of bounded work (`decode(budget)`): a big one takes several loop turns.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import deque
-from typing import Any, TypeAlias, cast
-
-import hpack
+from typing import TypeAlias
 
 from cri_proxy.relay import wire
+from cri_proxy.relay.hpackstep import DecodeError, StepDecoder
 from cri_proxy.relay.wire import Buf
 
 Headers: TypeAlias = list[tuple[bytes, bytes]]
-
-
-def _silent(*args: Any, **kwargs: Any) -> None:
-    """hpack logs every decoded field at DEBUG: ~20 µs a call even when nobody listens."""
-
-
-logging.getLogger("hpack.hpack").debug = _silent  # type: ignore[method-assign]
 
 
 class BlockError(ValueError):
@@ -40,15 +31,28 @@ class BlockError(ValueError):
 class HeaderBlocks:
     """One direction's header block in progress, and the decoder that follows that direction's HPACK."""
 
-    __slots__ = ("decoder", "end_stream", "frags", "max_block", "max_list", "open", "pending", "sid", "size")
+    __slots__ = (
+        "decoder",
+        "decoding",
+        "end_stream",
+        "frags",
+        "keep",
+        "max_block",
+        "max_list",
+        "open",
+        "pending",
+        "sid",
+        "size",
+    )
 
-    def __init__(self, decode: bool, max_block: int, max_list: int) -> None:
-        self.decoder: hpack.Decoder | None = None
-        if decode:
-            self.decoder = hpack.Decoder()
-            self.decoder.max_header_list_size = 1 << 62  # counted by us, after decoding (see above)
+    def __init__(
+        self, decode: bool, max_block: int, max_list: int, keep: frozenset[bytes] | None = None
+    ) -> None:
+        self.decoder: StepDecoder | None = StepDecoder() if decode else None
         self.max_block = max_block
         self.max_list = max_list
+        self.keep = keep
+        self.decoding = False  # a complete block is being decoded (the sender's next frames wait)
         self.open = False
         self.sid = 0
         self.end_stream = False
@@ -108,21 +112,27 @@ class HeaderBlocks:
         if self.size > self.max_block:
             raise BlockError(f"header block over {self.max_block} bytes")
 
-    def decode(self) -> tuple[Headers, int] | None:
-        """(headers, decoded list size) of the complete block; None when this direction is not read.
+    def decode(self, budget: int = 1 << 62) -> tuple[Headers, int] | None:
+        """(kept headers, decoded list size) of the complete block, once about `budget` units of work
+        finish it; None while it is not done (call again), and when this direction is not read.
         Raises BlockError when the block does not decode (the receiving peer's decoder fails too)."""
-        if self.decoder is None:
+        decoder = self.decoder
+        if decoder is None:
             return None
-        data = b"".join(self.frags) if len(self.frags) != 1 else bytes(self.frags[0])
-        self.frags = []
+        if not self.decoding:
+            data = b"".join(self.frags) if len(self.frags) != 1 else bytes(self.frags[0])
+            self.frags = []
+            decoder.start(data, self.max_list, self.keep)
+            self.decoding = True
         try:
-            headers = cast(Headers, self.decoder.decode(data, raw=True))
-        except (hpack.HPACKError, IndexError, ValueError) as exc:
+            done = decoder.step(budget)
+        except DecodeError as exc:
+            self.decoding = False
             raise BlockError(f"header block does not decode: {exc}") from exc
-        if self.max_list >= 1 << 60:  # not counted in this direction
-            return headers, 0
-        size = sum(len(name) + len(value) + 32 for name, value in headers)
-        return headers, size
+        if not done:
+            return None
+        self.decoding = False
+        return decoder.fields, decoder.size
 
     def pending_bytes(self) -> int:
         return sum(len(f) for f in self.frags)

@@ -144,6 +144,7 @@ class Link(asyncio.Protocol):
         self.closed = False
         self.paused = False  # client reading paused
         self.runtime_full = False  # the runtime's transport buffer is full
+        self.decode_soon: asyncio.Handle | None = None  # the next step of a big header block's decoding
         self.pres: dict[int, asyncio.Task[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -230,6 +231,8 @@ class Link(asyncio.Protocol):
         self.relay.links.discard(self)
         if self.timer is not None:
             self.timer.cancel()
+        if self.decode_soon is not None:
+            self.decode_soon.cancel()
         self.core.client_lost()
         self._events()
         if self.runtime is not None:
@@ -276,7 +279,16 @@ class Link(asyncio.Protocol):
         if core.closing:
             self.close()
         else:
+            if self.decode_soon is None and core.decoding():
+                # a big header block: one bounded step a loop turn, other connections go between
+                self.decode_soon = asyncio.get_running_loop().call_soon(self._decode_more)
             self.reading()
+
+    def _decode_more(self) -> None:
+        self.decode_soon = None
+        if not self.closed:
+            self.core.decode_more(perf_counter())
+            self.flush()
 
     def reading(self) -> None:
         """Read the client while the core wants its bytes and the runtime takes ours."""

@@ -204,6 +204,12 @@ def settings(pairs: tuple[tuple[int, int], ...] = ()) -> bytes:
 
 
 SETTINGS_ACK = frame(SETTINGS, ACK, 0)
+MAX_SETTING = (1 << 32) - 1
+
+
+def settings_frame(payload: bytes, more: tuple[tuple[int, int], ...]) -> bytes:
+    """A SETTINGS frame with a peer's `payload` and `more` pairs after it."""
+    return frame(SETTINGS, 0, 0, payload + b"".join(struct.pack(">HI", k, v) for k, v in more))
 
 
 # -- gRPC length-prefixed messages --------------------------------------------------------------

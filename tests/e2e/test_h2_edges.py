@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 VERSION = "/runtime.v1.RuntimeService/Version"
 UPDATE = "/runtime.v1.RuntimeService/UpdateContainerResources"  # hooked by the proxy
 LIMIT = 16 * 1024 * 1024  # both containerd's and the proxy's message limit
+MAX_HEADER_LIST_SIZE = 0x6  # SETTINGS_MAX_HEADER_LIST_SIZE
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,18 @@ def test_settings_acked_and_ping_answered_before_any_request(target: Path) -> No
         assert client.goaway is None and not client.closed
         call = client.call(VERSION)
         assert call.grpc_status == 0 and call.data
+
+
+def test_the_proxy_announces_the_header_list_limit_containerd_enforces(sockets: dict[str, Path]) -> None:
+    """containerd announces no SETTINGS_MAX_HEADER_LIST_SIZE but enforces grpc-go's 16 MiB; the proxy
+    passes containerd's SETTINGS with that limit added, so a client can hold to it by itself."""
+    seen = {}
+    for name, path in sockets.items():
+        with h2raw.RawH2(path) as conn:
+            assert conn.wait(lambda: conn.settings_acked > 0 and bool(conn.server_settings), 5)
+            seen[name] = dict(conn.server_settings)
+    assert MAX_HEADER_LIST_SIZE not in seen["direct"]
+    assert seen["proxy"] == {**seen["direct"], MAX_HEADER_LIST_SIZE: 16 << 20}
 
 
 def test_an_idle_connection_is_not_closed_through_the_proxy(edges_proxy: ProxyProcess) -> None:
@@ -181,6 +194,72 @@ def test_small_block_that_expands_huge(sockets: dict[str, Path]) -> None:
                 out.append(h2raw.frame(h2raw.CONTINUATION, 0 if rest else h2raw.END_HEADERS, sid, chunk))
             conn.send(b"".join(out))
             return _ended(conn, sid, 20)
+
+    same(sockets, scenario)
+
+
+def _literal(name: bytes, value: bytes, index: bool = False, huffman: bool = False) -> bytes:
+    """A literal field with a new name; the value Huffman-coded when asked (only for 8-byte runs of 'a')."""
+    if huffman:
+        coded = b"\x18\xc6\x31\x8c\x63" * (len(value) // 8)  # eight 'a's: 40 bits of code '00011'
+        string = bytearray(encode_integer(len(coded), 7))
+        string[0] |= 0x80
+        encoded = bytes(string) + coded
+    else:
+        encoded = bytes(encode_integer(len(value), 7)) + value
+    return (b"\x40" if index else b"\x00") + bytes(encode_integer(len(name), 7)) + name + encoded
+
+
+BIG_BLOCKS = {  # ~1.9 MB of fields each: under the proxy's 2 MiB block cap, a list containerd takes
+    "many-small": _literal(b"x-f", b"v" * 8) * 140_000,
+    "huffman": _literal(b"x-huff", b"a" * 3_000_000, huffman=True),
+    "incremental": b"".join(_literal(b"x-inc-%d" % (i % 4), b"i" * 4000, index=True) for i in range(470)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BIG_BLOCKS))
+def test_biggest_header_blocks_then_the_table_still_agrees(sockets: dict[str, Path], kind: str) -> None:
+    """A block near the cap (decoded over many loop turns by the proxy), then calls on the same
+    connection whose headers use the dynamic table: answered alike, the connection lives on."""
+
+    def scenario(path: Path) -> Any:
+        with h2raw.RawH2(path) as conn:
+            sid = conn.new_stream()
+            block = conn.header_block(h2raw.request_headers(VERSION)) + BIG_BLOCKS[kind]
+            first, rest = block[:16384], block[16384:]
+            out = [h2raw.frame(h2raw.HEADERS, 0, sid, first)]
+            while rest:
+                chunk, rest = rest[:16384], rest[16384:]
+                out.append(h2raw.frame(h2raw.CONTINUATION, 0 if rest else h2raw.END_HEADERS, sid, chunk))
+            conn.send(b"".join(out))
+            if kind == "incremental":  # the client's encoder must know what the server's table holds
+                for i in range(470):
+                    conn.enc.header_table.add(b"x-inc-%d" % (i % 4), b"i" * 4000)
+            conn.send_data(sid, h2raw.grpc_message(b""))
+            big = str(conn.outcome(sid, 30))
+            after = [str(conn.outcome(conn.call(VERSION, b"", [("x-after", "1")]), 10)) for _ in range(3)]
+            return big, after, conn.alive()
+
+    same(sockets, scenario)
+
+
+def test_expanding_block_ends_its_stream_only(sockets: dict[str, Path]) -> None:
+    """A small block that expands past 16 MiB via the dynamic table: that stream is reset, and the
+    next calls on the connection (their headers referring to the table) are answered."""
+    value, name = b"e" * 4000, b"x-edge-expand"
+    insert = _literal(name, value, index=True)
+    count = (17 << 20) // (len(name) + len(value) + 32)
+
+    def scenario(path: Path) -> Any:
+        with h2raw.RawH2(path) as conn:
+            sid = conn.new_stream()
+            block = conn.header_block(h2raw.request_headers(VERSION)) + insert + b"\xbe" * count
+            conn.send(h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, sid, block))
+            conn.enc.header_table.add(name, value)  # what the server's table now holds
+            conn.send_data(sid, h2raw.grpc_message(b""))
+            expanded = str(conn.outcome(sid, 20))
+            after = [str(conn.outcome(conn.call(VERSION, b"", [("x-after", "1")]), 10)) for _ in range(3)]
+            return expanded, after, conn.alive()
 
     same(sockets, scenario)
 

@@ -1,0 +1,214 @@
+"""An HPACK decoder that works in steps of bounded cost, so one big header block never holds the
+event loop: the frame relay decodes a block a step per loop turn while that connection waits.
+
+It follows RFC 7541 as the `hpack` library's decoder does (same errors for the same input; the
+dynamic table is that library's `HeaderTable`), with three differences that bound it:
+- `step(budget)` stops once about `budget` units of work are done (a unit ~ a Huffman-coded byte;
+  a field costs a few) and the next call resumes where it stopped, even inside a Huffman string;
+- the decoded header list is only counted (name + value + 32 a field); fields are kept while it
+  stays under `max_list`, and only the first of each name in `keep` (None: all of them). Past the
+  limit nothing more is kept, but the block is still decoded to its end: the dynamic table must
+  follow the sender's (runs of one-byte references, which leave it alone, are skipped unread);
+- a block's work is linear in its size (the library copies the rest of the block per literal).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator, Iterator
+
+from hpack import HPACKDecodingError, InvalidTableSizeError
+from hpack.huffman_table import HUFFMAN_TABLE
+from hpack.table import HeaderTable
+
+Field = tuple[bytes, bytes]
+
+FIELD_COST = 16  # work units a field costs besides its strings' bytes
+PLAIN_PER_UNIT = 256  # bytes of a plain (not Huffman-coded) string that cost one unit
+HUFFMAN_SLICE = 4096  # Huffman-coded bytes decoded between checks of the budget
+MAX_INT_BYTES = 4  # continuation octets of an integer with their high bit set (as the library)
+
+_COMPLETE, _EMIT, _FAIL = 1, 2, 4
+_ONE_BYTE_REFERENCES = re.compile(rb"[\x80-\xfe]+")  # indexed fields with an index under 127
+
+
+class DecodeError(ValueError):
+    """The block does not decode: the receiving peer answers with COMPRESSION_ERROR."""
+
+
+def _integer(data: bytes, pos: int, prefix: int) -> tuple[int, int]:
+    """(value, position after it) of the integer with an N-bit prefix at `pos`."""
+    if pos >= len(data):
+        raise DecodeError("header block ends inside an integer")
+    limit = (1 << prefix) - 1
+    value = data[pos] & limit
+    pos += 1
+    if value < limit:
+        return value, pos
+    shift = 0
+    for _ in range(MAX_INT_BYTES + 1):
+        if pos >= len(data):
+            raise DecodeError("header block ends inside an integer")
+        byte = data[pos]
+        pos += 1
+        value += (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise DecodeError("integer representation is too long")
+
+
+class StepDecoder:
+    """One direction's HPACK state; `start(block)` then `step(budget)` until it returns True."""
+
+    def __init__(self) -> None:
+        self.header_table = HeaderTable()
+        self.max_allowed_table_size = self.header_table.maxsize  # the last size the receiver announced, ACKed
+        self.fields: list[Field] = []
+        self.size = 0  # the decoded list's size so far
+        self.count = 0  # fields decoded so far
+        self.over = False  # the list went over max_list: fields are no longer kept
+        self.max_list = 1 << 62
+        self.keep: frozenset[bytes] | None = None
+        self._kept: set[bytes] = set()
+        self._run: Iterator[None] | None = None
+        self._work = 0
+
+    def start(self, block: bytes, max_list: int = 1 << 62, keep: frozenset[bytes] | None = None) -> None:
+        """Begin decoding a complete header block."""
+        self.fields, self.size, self.count, self.over = [], 0, 0, False
+        self.max_list, self.keep = max_list, keep
+        self._kept = set()
+        self._run = self._decode(block)
+
+    def step(self, budget: int) -> bool:
+        """Decode about `budget` units more; True when the block is done. Raises DecodeError."""
+        if self._run is None:
+            return True
+        self._work = budget
+        try:
+            next(self._run)
+        except StopIteration:
+            self._run = None
+            return True
+        except HPACKDecodingError as exc:  # a bad index or table size, from the table
+            self._run = None
+            raise DecodeError(str(exc) or type(exc).__name__) from exc
+        except DecodeError:
+            self._run = None
+            raise
+        return False
+
+    def decode(
+        self, block: bytes, max_list: int = 1 << 62, keep: frozenset[bytes] | None = None
+    ) -> list[Field]:
+        """A whole block at once (for tests and trusted peers)."""
+        self.start(block, max_list, keep)
+        while not self.step(1 << 62):
+            pass
+        return self.fields
+
+    # -- the decoder, as a generator that yields when the budget is spent ---------------------------
+    def _decode(self, data: bytes) -> Iterator[None]:
+        pos, end = 0, len(data)
+        table = self.header_table
+        while pos < end:
+            if self._work <= 0:
+                yield
+            first = data[pos]
+            if first & 0x80 and self.over:
+                # refused already: a run of one-byte references changes no table, so it is skipped at
+                # C speed (the size stops being exact; it is over the limit whatever they add)
+                run = _ONE_BYTE_REFERENCES.match(data, pos)
+                if run is not None:
+                    self.count += run.end() - pos
+                    self._work -= (run.end() - pos) // PLAIN_PER_UNIT + 1
+                    pos = run.end()
+                    continue
+            if first & 0x80:  # indexed field
+                index, pos = _integer(data, pos, 7)
+                name, value = table.get_by_index(index)
+                self._work -= FIELD_COST
+                self._field(name, value)
+                continue
+            if first & 0x40:
+                prefix, indexing = 6, True
+            elif first & 0x20:  # dynamic table size update
+                if self.count:
+                    raise DecodeError("table size update after a header field")
+                size, pos = _integer(data, pos, 5)
+                if size > self.max_allowed_table_size:
+                    raise InvalidTableSizeError("encoder exceeded the allowed table size")
+                table.maxsize = size
+                self._work -= FIELD_COST
+                continue
+            else:
+                prefix, indexing = 4, False
+            index, pos = _integer(data, pos, prefix)
+            if index:
+                name = table.get_by_index(index)[0]
+            else:
+                name_out: list[bytes] = []
+                pos = yield from self._string(data, pos, name_out)
+                name = name_out[0]
+            value_out: list[bytes] = []
+            pos = yield from self._string(data, pos, value_out)
+            value = value_out[0]
+            self._work -= FIELD_COST
+            if indexing:
+                table.add(name, value)
+            self._field(name, value)
+        if table.maxsize > self.max_allowed_table_size:
+            raise InvalidTableSizeError("encoder did not shrink the table to the allowed size")
+
+    def _field(self, name: bytes, value: bytes) -> None:
+        self.count += 1
+        self.size += len(name) + len(value) + 32
+        if self.over:
+            return
+        if self.size > self.max_list:
+            self.over = True
+            self.fields = []
+        elif self.keep is None:
+            self.fields.append((name, value))
+        elif name in self.keep and name not in self._kept:  # the first of each: what is read
+            self._kept.add(name)
+            self.fields.append((name, value))
+
+    def _string(self, data: bytes, pos: int, out: list[bytes]) -> Generator[None, None, int]:
+        """A string literal at `pos` into `out`; returns the position after it."""
+        if pos >= len(data):
+            raise DecodeError("header block ends before a string")
+        coded = data[pos] & 0x80
+        length, pos = _integer(data, pos, 7)
+        stop = pos + length
+        if stop > len(data):
+            raise DecodeError("header block ends inside a string")
+        if not coded:
+            self._work -= length // PLAIN_PER_UNIT
+            out.append(data[pos:stop])
+            return stop
+        decoded = bytearray()
+        state, flags = 0, _COMPLETE  # an empty string is complete
+        table = HUFFMAN_TABLE
+        while pos < stop:
+            if self._work <= 0:
+                yield
+            upto = min(stop, pos + HUFFMAN_SLICE)
+            for byte in data[pos:upto]:
+                state, flags, sym = table[(state << 4) | (byte >> 4)]
+                if flags & _FAIL:
+                    raise DecodeError("invalid Huffman string")
+                if flags & _EMIT:
+                    decoded.append(sym)
+                state, flags, sym = table[(state << 4) | (byte & 0x0F)]
+                if flags & _FAIL:
+                    raise DecodeError("invalid Huffman string")
+                if flags & _EMIT:
+                    decoded.append(sym)
+            self._work -= upto - pos
+            pos = upto
+        if not flags & _COMPLETE:
+            raise DecodeError("incomplete Huffman string")
+        out.append(bytes(decoded))
+        return stop
