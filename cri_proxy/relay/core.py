@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from google.protobuf.message import Message
 
@@ -105,6 +106,15 @@ class PreDone:
     refuse: tuple[int, str] | None = None  # (gRPC code, message): answer the caller with this
 
 
+class OwnStatus(NamedTuple):
+    """A call we end ourselves: its block is made when it is written (see `LinkCore._status`)."""
+
+    sid: int
+    code: int
+    message: str
+    trailers_only: bool
+
+
 class LinkCore:
     """A client connection relayed to the runtime, as state fed with bytes."""
 
@@ -134,7 +144,8 @@ class LinkCore:
         self.dropping: set[int] = set()  # response streams we ended ourselves
         self.out_c: list[Buf] = []
         self.out_r: list[Buf] = []
-        self.own_c: list[Buf] = []  # our frames for the client, waiting for a frame boundary
+        # our frames for the client, waiting for a frame boundary (a status: rendered when it goes)
+        self.own_c: list[Buf | OwnStatus] = []
         self.own_r: list[tuple[Buf, int]] = []  # ... for the runtime, with their flow
         self.credit: dict[int, int] = {}  # stream (0: connection) -> WINDOW_UPDATE owed to the client
         self.events: list[Event] = []
@@ -171,7 +182,7 @@ class LinkCore:
             + self.r_split.pending()
             + self.held
             + self.win.queued
-            + sum(len(c) for c in self.own_c)
+            + sum(len(c) if not isinstance(c, OwnStatus) else len(c.message) + 64 for c in self.own_c)
             + sum(len(c) for c, _ in self.own_r)
             + self.c_block.pending_bytes()
             + self.r_block.pending_bytes()
@@ -193,7 +204,7 @@ class LinkCore:
     def _own_to_runtime(self, chunk: Buf, flow: int = 0) -> None:
         self.own_r.append((chunk, flow))
 
-    def _own_to_client(self, chunk: Buf) -> None:
+    def _own_to_client(self, chunk: Buf | OwnStatus) -> None:
         self.own_c.append(chunk)
 
     def _flush_own_r(self) -> None:
@@ -204,8 +215,18 @@ class LinkCore:
 
     def _flush_own_c(self) -> None:
         if self.own_c and not self.r_block.open:
-            self.out_c.extend(self.own_c)
+            self.out_c.extend(c if not isinstance(c, OwnStatus) else self._status(*c) for c in self.own_c)
             self.own_c = []
+
+    def _status(self, sid: int, code: int, message: str, trailers_only: bool) -> bytes:
+        """Our own block ending a call, written now, between the runtime's blocks: when the client
+        has shrunk its HPACK table since the runtime's last block, this block is the first it sees
+        and must start with the size update; our view of the client's table shrinks with it."""
+        shrink = None
+        decoder = self.r_block.decoder
+        if decoder is not None and decoder.max_allowed_table_size < decoder.header_table.maxsize:
+            shrink = decoder.header_table.maxsize = decoder.max_allowed_table_size
+        return wire.status_frames(sid, code, message, trailers_only, wire.DEFAULT_MAX_FRAME_SIZE, shrink)
 
     # -- client -> runtime ------------------------------------------------------------------------
     def receive_from_client(self, data: bytes, now: float = 0.0) -> None:
@@ -561,9 +582,7 @@ class LinkCore:
         del self.streams[st.id]
         self.dropping.add(st.id)
         self._measure(st, code, 0.0, upstream=False)
-        self._own_to_client(
-            wire.status_frames(st.id, code, message, not st.responded, wire.DEFAULT_MAX_FRAME_SIZE)
-        )
+        self._own_to_client(OwnStatus(st.id, code, message, not st.responded))
         self._own_to_runtime(wire.rst_stream(st.id, wire.CANCEL))
         if st.hook is not None:
             self._settle(st.hook)
@@ -673,9 +692,7 @@ class LinkCore:
             self._measure(st, RESOURCE_EXHAUSTED, now, upstream=True)
             self.dropping.add(st.id)
             message = f"cri-proxy: response larger than max ({too_big} vs. {self.limits.message})"
-            self._own_to_client(
-                wire.status_frames(st.id, RESOURCE_EXHAUSTED, message, False, wire.DEFAULT_MAX_FRAME_SIZE)
-            )
+            self._own_to_client(OwnStatus(st.id, RESOURCE_EXHAUSTED, message, False))
             self._own_to_runtime(wire.rst_stream(st.id, wire.CANCEL))
             self._own_to_runtime(wire.window_update(0, end - body))
             if st.hook is not None:
@@ -815,10 +832,8 @@ class LinkCore:
         if self.streams:
             self.warnings.append(f"{message} ({len(self.streams)} calls open)")
         if answer:
-            self.out_c.extend(
-                wire.status_frames(sid, code, message, not st.responded, wire.DEFAULT_MAX_FRAME_SIZE)
-                for sid, st in self.streams.items()
-            )
+            streams = self.streams.items()
+            self.out_c.extend(self._status(sid, code, message, not st.responded) for sid, st in streams)
         for sid, st in self.streams.items():
             self._measure(st, code, 0.0, upstream=True)
             hook = st.hook

@@ -7,6 +7,7 @@ from cri_proxy.relay import wire
 from cri_proxy.relay.wire import Buf
 
 UNAVAILABLE = 14
+DEFAULT_TABLE = 4096  # HPACK's initial dynamic table size
 LINGER = 0.2  # seconds a stand-in connection stays after answering its first call
 LIFETIME = 2.0  # ... and at most, so an idle client reconnects (and retries the runtime)
 
@@ -20,6 +21,8 @@ class StandIn:
         self.last_stream = 0
         self.answered = 0
         self.broken = False
+        self.table = DEFAULT_TABLE  # the client's HPACK table size, as our blocks have left it
+        self.allowed = DEFAULT_TABLE  # the last size the client announced (we ACK at once)
 
     def start(self) -> bytes:
         """The server preface: SETTINGS, all defaults."""
@@ -37,6 +40,9 @@ class StandIn:
         out: list[Buf] = []
         for at, end, ftype, flags, sid in frames:
             if ftype == wire.SETTINGS and not flags & wire.ACK:
+                for ident, value in wire.settings_pairs(bytes(buf[at + wire.HEADER_LEN : end])):
+                    if ident == wire.SETTINGS_HEADER_TABLE_SIZE:
+                        self.allowed = value
                 out.append(wire.SETTINGS_ACK)
             elif ftype == wire.PING and not flags & wire.ACK:
                 out.append(wire.frame(wire.PING, wire.ACK, 0, bytes(buf[at + wire.HEADER_LEN : end])))
@@ -50,9 +56,11 @@ class StandIn:
             ):
                 self.last_stream = sid
                 self.answered += 1
-                out.append(
-                    wire.status_frames(sid, UNAVAILABLE, self.message, True, wire.DEFAULT_MAX_FRAME_SIZE)
-                )
+                shrink = None
+                if self.allowed < self.table:  # a smaller table: our next block must say so first
+                    shrink = self.table = self.allowed
+                max_frame = wire.DEFAULT_MAX_FRAME_SIZE
+                out.append(wire.status_frames(sid, UNAVAILABLE, self.message, True, max_frame, shrink))
         self.split.keep(buf, frames[-1][1] if frames else first)
         return out
 

@@ -279,9 +279,14 @@ def status_block(code: int, message: str, trailers_only: bool) -> bytes:
     return fields
 
 
-def status_frames(stream: int, code: int, message: str, trailers_only: bool, max_frame: int) -> bytes:
-    """HEADERS (+CONTINUATION when the message is long) that end `stream` with a gRPC status."""
+def status_frames(
+    stream: int, code: int, message: str, trailers_only: bool, max_frame: int, table_size: int | None = None
+) -> bytes:
+    """HEADERS (+CONTINUATION when the message is long) that end `stream` with a gRPC status;
+    `table_size`: start with an HPACK dynamic table size update (the receiver shrank its table)."""
     block = status_block(code, message, trailers_only)
+    if table_size is not None:
+        block = hpack_int(table_size, 5, 0x20) + block
     first, rest = block[:max_frame], block[max_frame:]
     if not rest:
         return frame(HEADERS, END_STREAM | END_HEADERS, stream, first)

@@ -385,3 +385,33 @@ def test_runtime_unreachable_stand_in_is_well_formed(relay_mode: str) -> None:
             client.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("runtime", ["up", "unreachable"])
+def test_the_proxys_own_answers_honour_a_smaller_header_table(runtime: str) -> None:
+    """The client shrank its HPACK table (SETTINGS_HEADER_TABLE_SIZE=0, acknowledged); the next
+    header block it receives must start with the size update. The proxy's own answers (a refusal,
+    the stand-in's UNAVAILABLE) may be that block: they carry the update, and the proxy's view of
+    the client's table follows, so the runtime's later blocks still decode."""
+    seen: list[Message] = []
+    limits = {"max_recv_message_bytes": 4096, "max_send_message_bytes": 4096}
+
+    async def main() -> None:
+        async with bed(_hooks(seen), start_runtime=runtime == "up", **limits) as b:
+            client = await RawClient.open(b.proxy_endpoint, {h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0})
+            await client.until(of(h2.events.SettingsAcknowledged))
+            if runtime == "up":
+                sid = client.request(CREATE, struct.pack(">BI", 0, 1 << 20) + b"\0" * 100, end=False)
+                expected = grpc.StatusCode.RESOURCE_EXHAUSTED
+            else:
+                sid = client.request(VERSION, grpc_body(v1.VersionRequest()))
+                expected = grpc.StatusCode.UNAVAILABLE
+            assert await client.until(status_of(sid)) == str(expected.value[0])
+            if runtime == "up":  # the runtime's own blocks after ours
+                later = client.request(VERSION, grpc_body(v1.VersionRequest()), extra=[("x-a", "b")])
+                assert await client.until(status_of(later)) == "0"
+            errors = [e for e in client.events if isinstance(e, Exception | h2.events.ConnectionTerminated)]
+            assert not errors, errors
+            client.close()
+
+    run(main())
