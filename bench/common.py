@@ -54,12 +54,22 @@ def start_fake_runtime(work: Path, *args: str, name: str = "fake") -> tuple[subp
 
 
 def start_proxy(
-    work: Path, runtime_endpoint: str, *extra: str, listen: Path | None = None, state_dir: Path | None = None
+    work: Path,
+    runtime_endpoint: str,
+    *extra: str,
+    listen: Path | None = None,
+    state_dir: Path | None = None,
+    log: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """`cri-proxy serve` in front of `runtime_endpoint` (state in `work`), answering: (process, endpoint)."""
+    """`cri-proxy serve` in front of `runtime_endpoint` (state in `work`), answering: (process, endpoint).
+    `log`: its output goes to that file instead of the bench's terminal."""
     sock = listen or work / "proxy.sock"
     argv = serve_command(work, runtime_endpoint, *extra, listen=sock, state_dir=state_dir)
-    proc = subprocess.Popen(argv)
+    if log is None:
+        proc = subprocess.Popen(argv)
+    else:
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=out)
     wait_socket(sock, proc)
     return proc, f"unix://{sock}"
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -22,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from common import start_proxy
 from hpack.hpack import encode_integer
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
@@ -149,33 +149,10 @@ def main() -> int:
     args = ap.parse_args()
     ctrd_sock = os.environ["CONTAINERD_SOCK"]
     tmp = Path(tempfile.mkdtemp(prefix="headerblock-"))
-    cli = str(Path(sys.executable).parent / "cri-proxy")
-    log = (tmp / "proxy.log").open("wb")
-    proxy = subprocess.Popen(
-        [
-            cli,
-            "serve",
-            "--config",
-            "/dev/null",
-            "--listen",
-            f"unix://{tmp}/p.sock",
-            "--runtime-endpoint",
-            f"unix://{ctrd_sock}",
-            "--state-dir",
-            str(tmp / "state"),
-            "--kubelet-state-file",
-            str(tmp / "cms"),
-            "--relay-mode",
-            "frames",
-        ],
-        stdout=log,
-        stderr=log,
+    proxy, _ = start_proxy(
+        tmp, f"unix://{ctrd_sock}", "--relay-mode", "frames", listen=tmp / "p.sock", log=tmp / "proxy.log"
     )
     try:
-        deadline = time.monotonic() + 15
-        while not (tmp / "p.sock").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1)
         with h2raw.RawH2(ctrd_sock) as conn:
             conn.wait(lambda: bool(conn.server_settings) or conn.settings_acked > 0, 5)
             print(f"containerd's SETTINGS: {conn.server_settings}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -20,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from common import rss_kib, start_proxy
 from hpack import Encoder
 from hyperframe.frame import ContinuationFrame, DataFrame, HeadersFrame, SettingsFrame
 
@@ -29,10 +29,7 @@ MiB = 1 << 20
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return rss_kib(pid) / 1024
 
 
 def request_headers(enc: Encoder, extra: list[tuple[str, str]] | None = None) -> bytes:
@@ -187,33 +184,10 @@ def main() -> int:
     args = ap.parse_args()
     ctrd_sock, ctrd_pid = os.environ["CONTAINERD_SOCK"], int(os.environ["CONTAINERD_PID"])
     tmp = Path(tempfile.mkdtemp(prefix="hostile-"))
-    cli = str(Path(sys.executable).parent / "cri-proxy")
-    log = (tmp / "proxy.log").open("wb")
-    proxy = subprocess.Popen(
-        [
-            cli,
-            "serve",
-            "--config",
-            "/dev/null",
-            "--listen",
-            f"unix://{tmp}/p.sock",
-            "--runtime-endpoint",
-            f"unix://{ctrd_sock}",
-            "--state-dir",
-            str(tmp / "state"),
-            "--kubelet-state-file",
-            str(tmp / "cms"),
-            "--relay-mode",
-            "frames",
-        ],
-        stdout=log,
-        stderr=log,
+    proxy, _ = start_proxy(
+        tmp, f"unix://{ctrd_sock}", "--relay-mode", "frames", listen=tmp / "p.sock", log=tmp / "proxy.log"
     )
     try:
-        deadline = time.monotonic() + 15
-        while not (tmp / "p.sock").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1)
         for name in args.only or CLIENTS:
             print(f"{name}:", flush=True)
             print(
