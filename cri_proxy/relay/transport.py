@@ -328,7 +328,7 @@ class Link(asyncio.Protocol):
             return self._pre_done(event.stream, runner.unreadable(event.info, event.why, event.hooks))
         try:
             started = inline.start(runner.pre(event.info, event.hooks, event.message))
-        except Exception as exc:  # a bug outside the hook's own guard: logged, the link lives on (as a task's)
+        except Exception as exc:  # a bug outside the hook's guard: logged; the link lives on
             logger.opt(exception=exc).error("pre hook failed: {}", exc)
             return
         if isinstance(started, inline.Finished):
