@@ -315,8 +315,9 @@ class DecideMemo:
     its parsed labels and annotations, and its containers' decisions and problems as long as the
     pools and everything else they depend on are equal. Only the last call's pods are kept.
 
-    After a call, `changed` names the containers whose decision may differ from the call before
-    (those of pods decided again, or gone); None: any may (the first call, other pools, ...).
+    After a call, `changed` names the containers whose decision differs from the call before (of
+    the pods decided again, or gone, those not equal to what they were); None: any may (the first
+    call, other pools, ...).
     """
 
     __slots__ = ("changed", "context", "merged", "order", "parsed", "pods")
@@ -396,6 +397,36 @@ def _merge(
     return decisions
 
 
+def _changed(
+    redone: list[_PodDone],
+    old: list[_PodDone],
+    now: dict[int, _PodDone],
+    before: Mapping[str, ContainerDecision],
+    after: Mapping[str, ContainerDecision],
+) -> set[str]:
+    """The containers of the pods decided again, or gone, whose decision is not what it was: a
+    pod that grew by one container names that one, not all of its containers (which share one
+    decision object each side: equality is asked once per pair of objects)."""
+    equal: dict[tuple[int, int], bool] = {}
+    changed: set[str] = set()
+    looked = [done[1] for done in redone] + [done[1] for done in old if now.get(id(done[0])) is not done]
+    for ids in looked:
+        for cid in ids:
+            a, b = before.get(cid), after.get(cid)
+            if a is b:
+                continue
+            if a is None or b is None:
+                changed.add(cid)
+                continue
+            pair = (id(a), id(b))
+            same = equal.get(pair)
+            if same is None:
+                same = equal[pair] = a == b
+            if not same:
+                changed.add(cid)
+    return changed
+
+
 def _prefix(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
     """Whether `a`'s keys are the first keys of `b`, in the same order."""
     return len(a) <= len(b) and list(a) == list(islice(b, len(a)))
@@ -448,11 +479,7 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     old = memo.order if memo is not None and same else []
     decisions = _merge(order, old, memo.merged if memo is not None else {})
     if memo is not None:
-        changed: set[str] = set().union(*(done[1] for done in redone))  # decided again, or gone:
-        for done in old:
-            if now.get(id(done[0])) is not done:
-                changed.update(done[1])
-        memo.changed = changed if same else None
+        memo.changed = _changed(redone, old, now, memo.merged, decisions) if same else None
         memo.context, memo.parsed, memo.pods = context, parsed_now, now
         memo.order, memo.merged = order, decisions
 
