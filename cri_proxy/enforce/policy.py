@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
-from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.cpu.decide import Changed, DecideMemo
 from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
@@ -39,7 +39,7 @@ class Policy:
         self._memo = DecideMemo()  # unchanged pods are not decided again
         # (the plan before, ids whose decision may differ from it) of the last plans computed; weak:
         # a plan nobody holds any more is never asked about
-        self._history: deque[tuple[weakref.ref[Plan] | None, set[str] | None]] = deque(maxlen=64)
+        self._history: deque[tuple[weakref.ref[Plan] | None, Changed | None]] = deque(maxlen=64)
         self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
         self._pins: dict[str, CPUSet] = {}  # as of the state's change-log position `_pins_at`
         self._pins_at = -1  # before any position: the first `pins` reads every container
@@ -131,7 +131,7 @@ class Policy:
         for previous, changed in reversed(self._history):
             if changed is None:
                 return None
-            ids |= changed
+            ids |= changed.ids()
             if previous is not None and previous() is old:
                 return ids
         return None

@@ -185,5 +185,5 @@ def test_a_memo_changes_no_plan(g: Generated, other: Generated, rnd: random.Rand
         if memo.changed is not None:  # names every container whose decision is not what it was
             ids = previous.containers.keys() | plan.containers.keys()
             differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
-            assert differ <= memo.changed
+            assert differ <= memo.changed.ids()
         previous = plan
