@@ -57,6 +57,7 @@ class FrameRelay:
         )
         self.budget = Budget(config.relay_buffer_total_bytes)
         self.links: set[Link] = set()
+        self.measured: list[tuple[str, int, float, float]] = []  # calls ended, not yet observed
         self._server: asyncio.AbstractServer | None = None
 
     def watch_responses(self) -> bool:
@@ -65,13 +66,9 @@ class FrameRelay:
         return any(h is not None and (h.post is not None or h.failed is not None) for h in found)
 
     def new_core(self) -> LinkCore:
-        seen = self.observer()
         observe = None
-        if seen is not None:
-            observer = seen
-
-            def observe(path: str, code: int, total: float, upstream: float) -> None:
-                observer.observe(path, CODES[code] if code in CODES else CODES[2], total, upstream)
+        if self.observer() is not None:
+            observe = self._measured
 
         return LinkCore(
             self.hooks.get,
@@ -82,6 +79,18 @@ class FrameRelay:
             decode_runtime=observe is not None or self.watch_responses(),
             runtime_name=self.endpoint,
         )
+
+    def _measured(self, path: str, code: int, total: float, upstream: float) -> None:
+        self.measured.append((path, code, total, upstream))
+
+    def report(self) -> None:
+        """Hand the calls measured to the observer: after the answers were written, not before."""
+        measured, self.measured = self.measured, []
+        observer = self.observer()
+        if observer is None:
+            return
+        for path, code, total, upstream in measured:
+            observer.observe(path, CODES[code] if code in CODES else CODES[2], total, upstream)
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -236,6 +245,8 @@ class Link(asyncio.Protocol):
             self.decode_soon.cancel()
         self.core.client_lost()
         self._events()
+        if self.relay.measured:
+            self.relay.report()
         if self.runtime is not None:
             self.runtime.close()
 
@@ -284,6 +295,8 @@ class Link(asyncio.Protocol):
                 # a big header block: one bounded step a loop turn, other connections go between
                 self.decode_soon = asyncio.get_running_loop().call_soon(self._decode_more)
             self.reading()
+        if self.relay.measured:
+            self.relay.report()
 
     def _decode_more(self) -> None:
         self.decode_soon = None
