@@ -315,8 +315,9 @@ class DecideMemo:
     its parsed labels and annotations, and its containers' decisions and problems as long as the
     pools and everything else they depend on are equal. Only the last call's pods are kept.
 
-    After a call, `changed` names the containers whose decision may differ from the call before
-    (those of pods decided again, or gone); None: any may (the first call, other pools, ...).
+    After a call, `changed` names the containers whose decision differs from the call before (of
+    the pods decided again, or gone, those not equal to what they were); None: any may (the first
+    call, other pools, ...).
     """
 
     __slots__ = ("changed", "context", "merged", "order", "parsed", "pods")
@@ -327,7 +328,7 @@ class DecideMemo:
         self.pods: dict[int, _PodDone] = {}
         self.order: list[_PodDone] = []  # the last call's pods, in order
         self.merged: dict[str, ContainerDecision] = {}  # the last call's decisions (never changed)
-        self.changed: set[str] | None = None
+        self.changed: Changed | None = None
 
 
 def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) -> _PodDone:
@@ -396,6 +397,48 @@ def _merge(
     return decisions
 
 
+class Changed:
+    """The containers of the pods decided again, or gone, whose decision is not what it was; worked
+    out when first asked (by the reconcile pass after the call, not in the plan a pre hook waits
+    for). A pod that grew by one container names that one, not all of its containers: they share
+    one decision object each side, so equality is asked once per pair of objects."""
+
+    __slots__ = ("_after", "_before", "_ids", "_looked")
+
+    def __init__(
+        self,
+        looked: list[dict[str, ContainerDecision]],
+        before: Mapping[str, ContainerDecision],
+        after: Mapping[str, ContainerDecision],
+    ) -> None:
+        self._looked, self._before, self._after = looked, before, after  # never changed after a call
+        self._ids: set[str] | None = None
+
+    def ids(self) -> set[str]:
+        if self._ids is not None:
+            return self._ids
+        before, after = self._before, self._after
+        equal: dict[tuple[int, int], bool] = {}
+        changed: set[str] = set()
+        for decisions in self._looked:
+            for cid in decisions:
+                a, b = before.get(cid), after.get(cid)
+                if a is b:
+                    continue
+                if a is None or b is None:
+                    changed.add(cid)
+                    continue
+                pair = (id(a), id(b))
+                same = equal.get(pair)
+                if same is None:
+                    same = equal[pair] = a == b
+                if not same:
+                    changed.add(cid)
+        self._ids = changed
+        self._looked, self._before, self._after = [], {}, {}  # what it was worked out from: let go
+        return changed
+
+
 def _prefix(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
     """Whether `a`'s keys are the first keys of `b`, in the same order."""
     return len(a) <= len(b) and list(a) == list(islice(b, len(a)))
@@ -448,11 +491,8 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     old = memo.order if memo is not None and same else []
     decisions = _merge(order, old, memo.merged if memo is not None else {})
     if memo is not None:
-        changed: set[str] = set().union(*(done[1] for done in redone))  # decided again, or gone:
-        for done in old:
-            if now.get(id(done[0])) is not done:
-                changed.update(done[1])
-        memo.changed = changed if same else None
+        looked = [done[1] for done in redone] + [done[1] for done in old if now.get(id(done[0])) is not done]
+        memo.changed = Changed(looked, memo.merged, decisions) if same else None
         memo.context, memo.parsed, memo.pods = context, parsed_now, now
         memo.order, memo.merged = order, decisions
 

@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
-from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.cpu.decide import Changed, DecideMemo
 from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
@@ -39,18 +39,30 @@ class Policy:
         self._memo = DecideMemo()  # unchanged pods are not decided again
         # (the plan before, ids whose decision may differ from it) of the last plans computed; weak:
         # a plan nobody holds any more is never asked about
-        self._history: deque[tuple[weakref.ref[Plan] | None, set[str] | None]] = deque(maxlen=64)
+        self._history: deque[tuple[weakref.ref[Plan] | None, Changed | None]] = deque(maxlen=64)
         self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
+        self._pins: dict[str, CPUSet] = {}  # as of the state's change-log position `_pins_at`
+        self._pins_at = -1  # before any position: the first `pins` reads every container
 
     @property
     def pins(self) -> dict[str, CPUSet]:
         """Live containers' operator pins (`ctl update --force`): container id -> cpuset. They are
         kept on the container's record, so they are checkpointed and go with the container."""
-        return {
-            c.id: CPUSet.parse(c.pin)
-            for c in self.state.containers()
-            if c.pin is not None and c.state in LIVE_STATES
-        }
+        changed, self._pins_at = self.state.changes(self._pins_at)
+        if changed is None:  # not known what changed (the first call, a wholesale change): read all
+            self._pins = {
+                c.id: CPUSet.parse(c.pin)
+                for c in self.state.containers()
+                if c.pin is not None and c.state in LIVE_STATES
+            }
+        else:  # only the records changed since the last call (a create costs one look, not the node)
+            for cid in changed:
+                c = self.state.container(cid)
+                if c is not None and c.pin is not None and c.state in LIVE_STATES:
+                    self._pins[cid] = CPUSet.parse(c.pin)
+                else:
+                    self._pins.pop(cid, None)
+        return dict(self._pins)
 
     def pin(self, container_id: str, cpus: CPUSet) -> bool:
         """An operator's explicit override: this container keeps `cpus` until it is gone or unpinned.
@@ -119,7 +131,7 @@ class Policy:
         for previous, changed in reversed(self._history):
             if changed is None:
                 return None
-            ids |= changed
+            ids |= changed.ids()
             if previous is not None and previous() is old:
                 return ids
         return None

@@ -126,7 +126,10 @@ class StepDecoder:
                     pos = run.end()
                     continue
             if first & 0x80:  # indexed field
-                index, pos = _integer(data, pos, 7)
+                if first != 0xFF:  # the index fits the first byte (the usual case): no integer to read
+                    index, pos = first & 0x7F, pos + 1
+                else:
+                    index, pos = _integer(data, pos, 7)
                 name, value = table.get_by_index(index)
                 self._work -= FIELD_COST
                 self._field(name, value)
@@ -148,12 +151,20 @@ class StepDecoder:
             if index:
                 name = table.get_by_index(index)[0]
             else:
-                name_out: list[bytes] = []
-                pos = yield from self._string(data, pos, name_out)
-                name = name_out[0]
-            value_out: list[bytes] = []
-            pos = yield from self._string(data, pos, value_out)
-            value = value_out[0]
+                short = self._short_string(data, pos)
+                if short is not None:
+                    name, pos = short
+                else:
+                    name_out: list[bytes] = []
+                    pos = yield from self._string(data, pos, name_out)
+                    name = name_out[0]
+            short = self._short_string(data, pos)
+            if short is not None:
+                value, pos = short
+            else:
+                value_out: list[bytes] = []
+                pos = yield from self._string(data, pos, value_out)
+                value = value_out[0]
             self._work -= FIELD_COST
             if indexing:
                 table.add(name, value)
@@ -174,6 +185,41 @@ class StepDecoder:
         elif name in self.keep and name not in self._kept:  # the first of each: what is read
             self._kept.add(name)
             self.fields.append((name, value))
+
+    def _short_string(self, data: bytes, pos: int) -> tuple[bytes, int] | None:
+        """(string, position after it) when it decodes without yielding: plain, or Huffman-coded
+        within one slice while budget is left (what `_string` would do in one go, without the cost
+        of a generator); None otherwise (then `_string` takes it). Same errors as `_string`."""
+        if pos >= len(data):
+            raise DecodeError("header block ends before a string")
+        coded = data[pos] & 0x80
+        length, start = _integer(data, pos, 7)
+        stop = start + length
+        if stop > len(data):
+            raise DecodeError("header block ends inside a string")
+        if not coded:
+            self._work -= length // PLAIN_PER_UNIT
+            return data[start:stop], stop
+        if length > HUFFMAN_SLICE or (length and self._work <= 0):
+            return None
+        decoded = bytearray()
+        state, flags = 0, _COMPLETE  # an empty string is complete
+        table = HUFFMAN_TABLE
+        for byte in data[start:stop]:
+            state, flags, sym = table[(state << 4) | (byte >> 4)]
+            if flags & _FAIL:
+                raise DecodeError("invalid Huffman string")
+            if flags & _EMIT:
+                decoded.append(sym)
+            state, flags, sym = table[(state << 4) | (byte & 0x0F)]
+            if flags & _FAIL:
+                raise DecodeError("invalid Huffman string")
+            if flags & _EMIT:
+                decoded.append(sym)
+        self._work -= length
+        if not flags & _COMPLETE:
+            raise DecodeError("incomplete Huffman string")
+        return bytes(decoded), stop
 
     def _string(self, data: bytes, pos: int, out: list[bytes]) -> Generator[None, None, int]:
         """A string literal at `pos` into `out`; returns the position after it."""

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Callable
+from functools import partial
 from time import perf_counter
 from typing import Any, cast
 
@@ -16,11 +17,11 @@ from loguru import logger
 from cri_proxy.config import Config
 from cri_proxy.endpoints import socket_path
 from cri_proxy.errors import EndpointError
-from cri_proxy.relay import standin
+from cri_proxy.relay import inline, standin
 from cri_proxy.relay.core import CancelPre, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
 from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.forward import CallObserver
-from cri_proxy.relay.hookrun import CODES, Forward, HookRunner
+from cri_proxy.relay.hookrun import CODES, Forward, HookRunner, PreOutcome
 from cri_proxy.relay.hooks import FailPolicy, HookTable
 from cri_proxy.relay.methods import KNOWN
 
@@ -56,6 +57,7 @@ class FrameRelay:
         )
         self.budget = Budget(config.relay_buffer_total_bytes)
         self.links: set[Link] = set()
+        self.measured: list[tuple[str, int, float, float]] = []  # calls ended, not yet observed
         self._server: asyncio.AbstractServer | None = None
 
     def watch_responses(self) -> bool:
@@ -64,13 +66,9 @@ class FrameRelay:
         return any(h is not None and (h.post is not None or h.failed is not None) for h in found)
 
     def new_core(self) -> LinkCore:
-        seen = self.observer()
         observe = None
-        if seen is not None:
-            observer = seen
-
-            def observe(path: str, code: int, total: float, upstream: float) -> None:
-                observer.observe(path, CODES[code] if code in CODES else CODES[2], total, upstream)
+        if self.observer() is not None:
+            observe = self._measured
 
         return LinkCore(
             self.hooks.get,
@@ -81,6 +79,18 @@ class FrameRelay:
             decode_runtime=observe is not None or self.watch_responses(),
             runtime_name=self.endpoint,
         )
+
+    def _measured(self, path: str, code: int, total: float, upstream: float) -> None:
+        self.measured.append((path, code, total, upstream))
+
+    def report(self) -> None:
+        """Hand the calls measured to the observer: after the answers were written, not before."""
+        measured, self.measured = self.measured, []
+        observer = self.observer()
+        if observer is None:
+            return
+        for path, code, total, upstream in measured:
+            observer.observe(path, CODES[code] if code in CODES else CODES[2], total, upstream)
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -145,8 +155,8 @@ class Link(asyncio.Protocol):
         self.paused = False  # client reading paused
         self.runtime_full = False  # the runtime's transport buffer is full
         self.decode_soon: asyncio.Handle | None = None  # the next step of a big header block's decoding
-        self.pres: dict[int, asyncio.Task[None]] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.pres: dict[int, asyncio.Future[PreOutcome]] = {}
+        self.tasks: set[asyncio.Future[Any]] = set()
 
     # -- life -------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -235,6 +245,8 @@ class Link(asyncio.Protocol):
             self.decode_soon.cancel()
         self.core.client_lost()
         self._events()
+        if self.relay.measured:
+            self.relay.report()
         if self.runtime is not None:
             self.runtime.close()
 
@@ -283,6 +295,8 @@ class Link(asyncio.Protocol):
                 # a big header block: one bounded step a loop turn, other connections go between
                 self.decode_soon = asyncio.get_running_loop().call_soon(self._decode_more)
             self.reading()
+        if self.relay.measured:
+            self.relay.report()
 
     def _decode_more(self) -> None:
         self.decode_soon = None
@@ -310,7 +324,7 @@ class Link(asyncio.Protocol):
         runner = self.relay.runner
         for event in self.core.take_events():
             if isinstance(event, RunPre):
-                self.pres[event.stream] = self._spawn(self._pre(event))
+                self._pre(event)
             elif isinstance(event, CancelPre):
                 task = self.pres.pop(event.stream, None)
                 if task is not None:
@@ -320,23 +334,39 @@ class Link(asyncio.Protocol):
             elif isinstance(event, RunFailed):
                 self._spawn(runner.failed(event.info, event.hooks, event.request, event.code))
 
-    async def _pre(self, event: RunPre) -> None:
+    def _pre(self, event: RunPre) -> None:
+        """Run the pre hook now, in this loop turn; a hook that waits goes on in a task."""
         runner = self.relay.runner
+        if event.message is None:
+            return self._pre_done(event.stream, runner.unreadable(event.info, event.why, event.hooks))
         try:
-            if event.message is None:
-                outcome = runner.unreadable(event.info, event.why, event.hooks)
-            else:
-                outcome = await runner.pre(event.info, event.hooks, event.message)
-        except asyncio.CancelledError:
-            self.core.hook_cancelled(event.stream)
-            raise
-        finally:
-            self.pres.pop(event.stream, None)
+            started = inline.start(runner.pre(event.info, event.hooks, event.message))
+        except Exception as exc:  # a bug outside the hook's guard: logged; the link lives on
+            logger.opt(exception=exc).error("pre hook failed: {}", exc)
+            return
+        if isinstance(started, inline.Finished):
+            return self._pre_done(event.stream, started.value)
+        self.pres[event.stream] = started
+        self.tasks.add(started)
+        started.add_done_callback(partial(self._pre_ended, event.stream))
+
+    def _pre_ended(self, stream: int, task: asyncio.Future[PreOutcome]) -> None:
+        self.tasks.discard(task)
+        self.pres.pop(stream, None)
+        if task.cancelled():
+            self.core.hook_cancelled(stream)
+        elif task.exception() is not None:
+            exc = task.exception()
+            logger.opt(exception=exc).error("pre hook task failed: {}", exc)
+        else:
+            self._pre_done(stream, task.result())
+
+    def _pre_done(self, stream: int, outcome: PreOutcome) -> None:
         if isinstance(outcome, Forward):
             done = PreDone(outcome.message, outcome.request)
         else:
             done = PreDone(None, None, (outcome.code, outcome.message))
-        self.core.hook_finished(event.stream, done, perf_counter())
+        self.core.hook_finished(stream, done, perf_counter())
         self.flush()
 
     def _spawn(self, coro: Any) -> asyncio.Task[None]:

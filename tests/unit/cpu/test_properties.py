@@ -171,11 +171,19 @@ def test_pod_order_does_not_matter(g: Generated, rnd: random.Random) -> None:
 @given(generated(), generated(), st.randoms(use_true_random=False))
 def test_a_memo_changes_no_plan(g: Generated, other: Generated, rnd: random.Random) -> None:
     """`decide` with a memo from earlier calls (some pods the same objects, some new, other
-    pools, another kubelet state) gives the plan `decide` gives without one."""
+    pools, another kubelet state) gives the plan `decide` gives without one, and its `changed`
+    names every container whose decision differs from the call before."""
     memo = DecideMemo()
     first = decide(other.inputs, memo)
     assert first == decide(other.inputs)
     kept = [p for p in other.inputs.pods if rnd.random() < 0.5]
     mixed = replace(g.inputs, pods=tuple(kept + list(g.inputs.pods)))
+    previous = first
     for inputs in (g.inputs, mixed, mixed, replace(mixed, kubelet=other.inputs.kubelet), g.inputs):
-        assert decide(inputs, memo) == decide(inputs)
+        plan = decide(inputs, memo)
+        assert plan == decide(inputs)
+        if memo.changed is not None:  # names every container whose decision is not what it was
+            ids = previous.containers.keys() | plan.containers.keys()
+            differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
+            assert differ <= memo.changed.ids()
+        previous = plan
