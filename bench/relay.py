@@ -31,6 +31,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from common import ROOT, rss_kib, start_fake_runtime, start_proxy, stop_all
@@ -139,17 +140,27 @@ def hook_counters(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
     return {k: (runs.get(k, 0.0), seconds.get(k, 0.0)) for k in runs.keys() | seconds.keys()}
 
 
-def hooked_create(direct: Target, proxy: Target, n: int, metrics: str, blocks: int = 5) -> None:
+def hooked_create(
+    direct: Target, proxy: Target, n: int, metrics: str, blocks: int = 5, pod_each: bool = False
+) -> None:
     """CreateContainer (hooked in the proxy) direct and through the proxy, interleaved: added p50,
-    and how much of it is the hooks' own time (the proxy's counters) and how much the relay's."""
+    and how much of it is the hooks' own time (the proxy's counters) and how much the relay's.
+    All in one pod that grows to `n` containers per path, or (`pod_each`) each in a pod of its own,
+    made first on the same path and not timed: the kubelet's usual shape, a pod of a few containers."""
     from kube import container_config, pod_sandbox_config
 
     path = "/runtime.v1.RuntimeService/CreateContainer"
-    rt = proxy.channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
-    pod = pod_sandbox_config(pb, "bench-hooked", qos="besteffort", labels={"bench": "hooked"})
-    pod_id = pb.RunPodSandboxResponse.FromString(
-        rt(pb.RunPodSandboxRequest(config=pod).SerializeToString(), timeout=60)
-    ).pod_sandbox_id
+    run_pod = {
+        name: target.channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox")
+        for name, target in (("d", direct), ("p", proxy))
+    }
+
+    def new_pod(name: str, label: str) -> tuple[str, Any]:
+        config = pod_sandbox_config(pb, f"bench-hooked-{label}", qos="besteffort", labels={"bench": "hooked"})
+        reply = run_pod[name](pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=60)
+        return pb.RunPodSandboxResponse.FromString(reply).pod_sandbox_id, config
+
+    shared = new_pod("p", "shared")
     d_call, p_call = direct.call(path), proxy.call(path)
     d: list[float] = []
     p: list[float] = []
@@ -162,6 +173,7 @@ def hooked_create(direct: Target, proxy: Target, n: int, metrics: str, blocks: i
         for name, fn, out in (
             (("d", d_call, d), ("p", p_call, p)) if i % 2 == 0 else (("p", p_call, p), ("d", d_call, d))
         ):
+            pod_id, pod = new_pod(name, f"{name}{i}") if pod_each else shared
             cfg = container_config(pb, pod, f"h{name}{i}")
             if name == "d":
                 cfg.linux.resources.cpuset_cpus = cpus
@@ -183,7 +195,8 @@ def hooked_create(direct: Target, proxy: Target, n: int, metrics: str, blocks: i
         for i in range(0, n - size + 1, size)
     ]
     print(
-        f"CreateContainer (hooked; direct with cpuset {cpus}) x{n}"
+        f"CreateContainer (hooked; {'a pod each' if pod_each else 'one growing pod'};"
+        f" direct with cpuset {cpus}) x{n}"
         f" direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms"
         f" | added p50 {(pp - dp) * 1e3:.3f} ms (per block of {size}: "
         f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
@@ -297,6 +310,7 @@ def main() -> None:
         big = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=big_pod)).SerializeToString()
         measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
         hooked_create(direct, proxy, args.creates, metrics)
+        hooked_create(direct, proxy, args.creates, metrics, pod_each=True)
         print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
     finally:
         stop_all(procs)
