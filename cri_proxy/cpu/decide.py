@@ -252,27 +252,18 @@ class _Survey:
     skip_cids: set[str] = field(default_factory=set)
 
     def add(self, pod: PodInfo, online: CPUSet, parsed: _Parsed | None = None) -> None:
-        key = pod.key
-        label, alloc, bad, cgroup = parsed if parsed is not None else _parse(pod)
-        if bad is not None:
-            self.problems.append(Problem(key, ProblemKind.BAD_ANNOTATION, f"{bad}; treated as absent"))
-        cpus = alloc.cpuset if alloc is not None and alloc.cpuset else None
-        if cpus is not None or label is QoS.LS or label is QoS.BE:
+        self.fold(_entry(pod, online, parsed if parsed is not None else _parse(pod)))
+
+    def fold(self, e: _Entry) -> None:
+        """Add one pod's part (`_entry`) to the node's: the pools depend on all of them together."""
+        self.problems.extend(e.problems)
+        pod = e.view.pod
+        if e.skip:
             self.skip_uids.add(pod.uid)
             self.skip_cids.update(c.id for c in pod.containers)
-        pod_class = label if label is not None else (QoS.LSR if cpus is not None else None)
-        exclusive: CPUSet | None = None
-        if pod_class in EXCLUSIVE_CLASSES and cpus is not None:
-            exclusive = cpus & online
-            if exclusive != cpus:
-                self.problems.append(
-                    Problem(
-                        key,
-                        ProblemKind.CPUS_NOT_ONLINE,
-                        f"allocation cpuset {cpus} names CPUs {cpus - online} "
-                        f"that are not online; using {exclusive or 'none'}",
-                    )
-                )
+        if e.claim is not None:
+            pod_class, cpus, exclusive = e.claim
+            key = pod.key
             self.shared |= cpus.mask & self.claimed
             self.claimed |= cpus.mask
             self.claims.append((key, cpus))
@@ -281,7 +272,45 @@ class _Survey:
                 self.lse |= exclusive.mask
             else:
                 self.lsr |= exclusive.mask
-        self.views.append(_PodView(pod, label, alloc, cgroup, exclusive))
+        self.views.append(e.view)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """What one pod brings to the survey; depends on the pod and the online CPUs alone, so a
+    `DecideMemo` keeps it while the pod is unchanged."""
+
+    problems: tuple[Problem, ...]
+    skip: bool  # the kubelet's entries for this pod are overridden (allocation cpuset, LS/BE label)
+    claim: tuple[QoS, CPUSet, CPUSet] | None  # LSE/LSR with a cpuset: class, cpuset, its online part
+    view: _PodView
+
+
+def _entry(pod: PodInfo, online: CPUSet, parsed: _Parsed) -> _Entry:
+    key = pod.key
+    label, alloc, bad, cgroup = parsed
+    problems: list[Problem] = []
+    if bad is not None:
+        problems.append(Problem(key, ProblemKind.BAD_ANNOTATION, f"{bad}; treated as absent"))
+    cpus = alloc.cpuset if alloc is not None and alloc.cpuset else None
+    skip = cpus is not None or label is QoS.LS or label is QoS.BE
+    pod_class = label if label is not None else (QoS.LSR if cpus is not None else None)
+    exclusive: CPUSet | None = None
+    claim: tuple[QoS, CPUSet, CPUSet] | None = None
+    if pod_class in EXCLUSIVE_CLASSES and cpus is not None:
+        assert pod_class is not None
+        exclusive = cpus & online
+        if exclusive != cpus:
+            problems.append(
+                Problem(
+                    key,
+                    ProblemKind.CPUS_NOT_ONLINE,
+                    f"allocation cpuset {cpus} names CPUs {cpus - online} "
+                    f"that are not online; using {exclusive or 'none'}",
+                )
+            )
+        claim = (pod_class, cpus, exclusive)
+    return _Entry(tuple(problems), skip, claim, _PodView(pod, label, alloc, cgroup, exclusive))
 
 
 _MAX_HOLDERS = 6  # holders named in one pool-exhausted message
@@ -324,7 +353,7 @@ class DecideMemo:
 
     def __init__(self) -> None:
         self.context: tuple[object, ...] = ()
-        self.parsed: dict[int, tuple[PodInfo, _Parsed]] = {}
+        self.parsed: dict[int, tuple[PodInfo, CPUSet, _Entry]] = {}  # pod, online CPUs, its survey part
         self.pods: dict[int, _PodDone] = {}
         self.order: list[_PodDone] = []  # the last call's pods, in order
         self.merged: dict[str, ContainerDecision] = {}  # the last call's decisions (never changed)
@@ -453,12 +482,15 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     kube = _kubelet_state(inputs)
     survey = _Survey()
     parsed_before = memo.parsed if memo is not None else {}
-    parsed_now: dict[int, tuple[PodInfo, _Parsed]] = {}
+    parsed_now: dict[int, tuple[PodInfo, CPUSet, _Entry]] = {}
     for pod in inputs.pods:
         hit = parsed_before.get(id(pod))
-        parsed = hit[1] if hit is not None and hit[0] is pod else _parse(pod)
-        parsed_now[id(pod)] = (pod, parsed)
-        survey.add(pod, online, parsed)
+        if hit is not None and hit[0] is pod and hit[1] == online:
+            entry = hit[2]
+        else:
+            entry = _entry(pod, online, _parse(pod))
+        parsed_now[id(pod)] = (pod, online, entry)
+        survey.fold(entry)
     problems = survey.problems
     if survey.shared:
         problems.extend(_conflicts(survey.claims, CPUSet(survey.shared)))
