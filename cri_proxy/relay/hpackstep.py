@@ -203,19 +203,7 @@ class StepDecoder:
         if length > HUFFMAN_SLICE or (length and self._work <= 0):
             return None
         decoded = bytearray()
-        state, flags = 0, _COMPLETE  # an empty string is complete
-        table = HUFFMAN_TABLE
-        for byte in data[start:stop]:
-            state, flags, sym = table[(state << 4) | (byte >> 4)]
-            if flags & _FAIL:
-                raise DecodeError("invalid Huffman string")
-            if flags & _EMIT:
-                decoded.append(sym)
-            state, flags, sym = table[(state << 4) | (byte & 0x0F)]
-            if flags & _FAIL:
-                raise DecodeError("invalid Huffman string")
-            if flags & _EMIT:
-                decoded.append(sym)
+        _, flags = _huffman(data, start, stop, 0, _COMPLETE, decoded)  # an empty string is complete
         self._work -= length
         if not flags & _COMPLETE:
             raise DecodeError("incomplete Huffman string")
@@ -236,25 +224,32 @@ class StepDecoder:
             return stop
         decoded = bytearray()
         state, flags = 0, _COMPLETE  # an empty string is complete
-        table = HUFFMAN_TABLE
         while pos < stop:
             if self._work <= 0:
                 yield
             upto = min(stop, pos + HUFFMAN_SLICE)
-            for byte in data[pos:upto]:
-                state, flags, sym = table[(state << 4) | (byte >> 4)]
-                if flags & _FAIL:
-                    raise DecodeError("invalid Huffman string")
-                if flags & _EMIT:
-                    decoded.append(sym)
-                state, flags, sym = table[(state << 4) | (byte & 0x0F)]
-                if flags & _FAIL:
-                    raise DecodeError("invalid Huffman string")
-                if flags & _EMIT:
-                    decoded.append(sym)
+            state, flags = _huffman(data, pos, upto, state, flags, decoded)
             self._work -= upto - pos
             pos = upto
         if not flags & _COMPLETE:
             raise DecodeError("incomplete Huffman string")
         out.append(bytes(decoded))
         return stop
+
+
+def _huffman(data: bytes, start: int, stop: int, state: int, flags: int, out: bytearray) -> tuple[int, int]:
+    """Huffman-decode `data[start:stop]` onto `out`, from the decoder state (`state`, `flags`) a
+    previous slice ended in; returns the state this slice ends in (a string may span slices)."""
+    table = HUFFMAN_TABLE
+    for byte in data[start:stop]:
+        state, flags, sym = table[(state << 4) | (byte >> 4)]
+        if flags & _FAIL:
+            raise DecodeError("invalid Huffman string")
+        if flags & _EMIT:
+            out.append(sym)
+        state, flags, sym = table[(state << 4) | (byte & 0x0F)]
+        if flags & _FAIL:
+            raise DecodeError("invalid Huffman string")
+        if flags & _EMIT:
+            out.append(sym)
+    return state, flags
