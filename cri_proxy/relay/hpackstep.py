@@ -190,13 +190,8 @@ class StepDecoder:
         """(string, position after it) when it decodes without yielding: plain, or Huffman-coded
         within one slice while budget is left (what `_string` would do in one go, without the cost
         of a generator); None otherwise (then `_string` takes it). Same errors as `_string`."""
-        if pos >= len(data):
-            raise DecodeError("header block ends before a string")
-        coded = data[pos] & 0x80
-        length, start = _integer(data, pos, 7)
-        stop = start + length
-        if stop > len(data):
-            raise DecodeError("header block ends inside a string")
+        coded, start, stop = _string_span(data, pos)
+        length = stop - start
         if not coded:
             self._work -= length // PLAIN_PER_UNIT
             return data[start:stop], stop
@@ -211,13 +206,8 @@ class StepDecoder:
 
     def _string(self, data: bytes, pos: int, out: list[bytes]) -> Generator[None, None, int]:
         """A string literal at `pos` into `out`; returns the position after it."""
-        if pos >= len(data):
-            raise DecodeError("header block ends before a string")
-        coded = data[pos] & 0x80
-        length, pos = _integer(data, pos, 7)
-        stop = pos + length
-        if stop > len(data):
-            raise DecodeError("header block ends inside a string")
+        coded, pos, stop = _string_span(data, pos)
+        length = stop - pos
         if not coded:
             self._work -= length // PLAIN_PER_UNIT
             out.append(data[pos:stop])
@@ -235,6 +225,18 @@ class StepDecoder:
             raise DecodeError("incomplete Huffman string")
         out.append(bytes(decoded))
         return stop
+
+
+def _string_span(data: bytes, pos: int) -> tuple[bool, int, int]:
+    """The string literal at `pos`: (Huffman-coded, where its bytes start, where they stop)."""
+    if pos >= len(data):
+        raise DecodeError("header block ends before a string")
+    coded = bool(data[pos] & 0x80)
+    length, start = _integer(data, pos, 7)
+    stop = start + length
+    if stop > len(data):
+        raise DecodeError("header block ends inside a string")
+    return coded, start, stop
 
 
 def _huffman(data: bytes, start: int, stop: int, state: int, flags: int, out: bytearray) -> tuple[int, int]:
