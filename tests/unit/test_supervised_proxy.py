@@ -20,6 +20,7 @@ from cri_proxy.config import Config
 from cri_proxy.daemon.recovery_runs import RecoveryRuns
 from cri_proxy.daemon.supervisor import Backoff, Supervisor
 from cri_proxy.relay.forward import FailPolicy
+from cri_proxy.serve import Proxy
 from tests.processes import wait_until
 from tests.unit.enforce_support import node
 from tests.unit.relay_support import run
@@ -51,6 +52,20 @@ async def _until(predicate: object, what: str, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def break_kubelet_reader(proxy: Proxy) -> asyncio.Event:
+    """Make the kubelet-state-file loop raise on every read until the returned event is set."""
+    mended = asyncio.Event()
+    real_refresh = proxy.kubelet.refresh
+
+    async def refresh() -> bool:
+        if not mended.is_set():
+            raise RuntimeError("kubelet file reader broke")
+        return await real_refresh()
+
+    proxy.kubelet.refresh = refresh  # type: ignore[method-assign]
+    return mended
+
+
 def test_a_failing_loop_is_restarted_and_shown_in_health_and_metrics(tmp_path: Path) -> None:
     async def main() -> None:
         async with node(tmp_path, metrics_address="127.0.0.1:0") as n:
@@ -59,15 +74,7 @@ def test_a_failing_loop_is_restarted_and_shown_in_health_and_metrics(tmp_path: P
             base = f"http://127.0.0.1:{proxy.http.port}"
             await _until(lambda: proxy.probe.up, "the runtime probe")
             assert await _http(base + "/healthz") == (200, "ok\n")
-            broken = asyncio.Event()
-            real_refresh = proxy.kubelet.refresh
-
-            async def refresh() -> bool:
-                if not broken.is_set():
-                    raise RuntimeError("kubelet file reader broke")
-                return await real_refresh()
-
-            proxy.kubelet.refresh = refresh  # type: ignore[method-assign]
+            break_kubelet_reader(proxy)  # never mended here
             proxy.supervisor.backoff = Backoff(first=3600.0)  # stays down until we look
             await _until(lambda: proxy.supervisor.down(), "the failure")
             status, text = await _http(base + "/healthz")
@@ -287,15 +294,7 @@ def test_grpc_health_tells_what_healthz_tells(tmp_path: Path) -> None:
             await _until(lambda: proxy.probe.up, "the runtime probe")
             assert (await status(), await status("runtime.v1.RuntimeService")) == (1, 1)
             assert (await _http(base + "/healthz"))[0] == 200
-            broken = asyncio.Event()
-            real_refresh = proxy.kubelet.refresh
-
-            async def refresh() -> bool:
-                if not broken.is_set():
-                    raise RuntimeError("kubelet file reader broke")
-                return await real_refresh()
-
-            proxy.kubelet.refresh = refresh  # type: ignore[method-assign]
+            mended = break_kubelet_reader(proxy)
             proxy.supervisor.backoff = Backoff(first=0.2, most=0.5)
             await _until(lambda: proxy.supervisor.down(), "the failure")
 
@@ -305,7 +304,7 @@ def test_grpc_health_tells_what_healthz_tells(tmp_path: Path) -> None:
             await _until(not_serving, "NOT_SERVING while the loop is down")
             assert (await _http(base + "/healthz"))[0] == 503
             assert await status("runtime.v1.RuntimeService") == 1  # the relay serves CRI meanwhile
-            broken.set()
+            mended.set()
             await _until(lambda: not proxy.supervisor.down(), "the loop up again")
             assert await status() == 1 and (await _http(base + "/healthz"))[0] == 200
             # the runtime gone: every service NOT_SERVING, as /healthz says
