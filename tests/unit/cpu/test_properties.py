@@ -187,3 +187,43 @@ def test_a_memo_changes_no_plan(g: Generated, other: Generated, rnd: random.Rand
             differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
             assert differ <= memo.changed.ids()
         previous = plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(generated(), generated(), st.randoms(use_true_random=False))
+def test_a_memo_follows_pods_coming_and_going_at_the_end(
+    g: Generated, other: Generated, rnd: random.Random
+) -> None:
+    """The memo folds on from the last call's totals when the pods begin with its pods (all of
+    them, or all but the last): new pods at the end, the newest pod changed or gone, as the
+    kubelet's pods come and go. Any sequence of such changes (and others) gives the plan `decide`
+    gives without a memo, and `changed` names every container whose decision differs."""
+    memo = DecideMemo()
+    pods = list(g.inputs.pods)
+    spare = list(other.inputs.pods)
+    previous = decide(g.inputs, memo)
+    for _ in range(10):
+        step = rnd.choice(["append", "grow", "replace-last", "drop-last", "drop-any", "same", "kubelet"])
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "append" and spare:
+            pods.append(spare.pop(rnd.randrange(len(spare))))
+        elif step == "grow" and pods:
+            last = pods[-1]
+            extra = ContainerInfo(f"grown{rnd.randrange(1000)}", f"g{len(last.containers)}")
+            pods[-1] = replace(last, containers=(*last.containers, extra))
+        elif step == "replace-last" and pods and spare:
+            pods[-1] = spare.pop(rnd.randrange(len(spare)))
+        elif step == "drop-last" and pods:
+            pods.pop()
+        elif step == "drop-any" and pods:
+            pods.pop(rnd.randrange(len(pods)))
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "kubelet":
+            inputs = replace(inputs, kubelet=rnd.choice([other.inputs.kubelet, g.inputs.kubelet]))
+        plan = decide(inputs, memo)
+        assert plan == decide(inputs)
+        if memo.changed is not None:
+            ids = previous.containers.keys() | plan.containers.keys()
+            differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
+            assert differ <= memo.changed.ids()
+        previous = plan
