@@ -454,9 +454,7 @@ def _merge(
     if len(gone) == 1 and len(come) == 1 and _prefix(gone[0][1], come[0][1]):
         decisions.update(come[0][1])  # the last pod grew: its ids stay where they were
     else:
-        for done in gone:
-            for cid in done[1]:
-                decisions.pop(cid, None)
+        _drop(decisions, [cid for done in gone for cid in done[1]])
         for done in come:
             decisions.update(done[1])
     if len(decisions) == count:
@@ -465,6 +463,23 @@ def _merge(
     for pod in pods:
         decisions.update(dones[id(pod)][1])
     return decisions
+
+
+def _drop(decisions: dict[str, ContainerDecision], ids: list[str]) -> None:
+    """Remove `ids` from `decisions`: from its end while they are its last keys (the pods gone are
+    the last ones), which keeps the dict without holes; a dict with holes copies ~10x slower, and
+    the next call copies it."""
+    gone = set(ids)
+    for _ in range(len(gone)):
+        if not decisions:
+            break
+        cid, decision = decisions.popitem()
+        if cid not in gone:
+            decisions[cid] = decision  # back in its place, the last
+            break
+        gone.discard(cid)
+    for cid in gone:
+        decisions.pop(cid, None)
 
 
 class Changed:
