@@ -530,8 +530,11 @@ def _prefix(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
 
 
 def _begins_with(new: tuple[PodInfo, ...], old: tuple[PodInfo, ...], n: int) -> bool:
-    """Whether `new` begins with the first `n` pods of `old`, the very objects."""
-    return 0 <= n <= len(new) and all(map(is_, islice(old, n), new))
+    """Whether `new` begins with the first `n` pods of `old`, the very objects (the last of them
+    looked at first: where a change usually is)."""
+    if n <= 0:
+        return n == 0
+    return n <= len(new) and new[n - 1] is old[n - 1] and all(map(is_, islice(old, n - 1), new))
 
 
 def _fold_start(memo: DecideMemo, pods: tuple[PodInfo, ...], online: CPUSet) -> tuple[int, _Fold | None]:

@@ -114,6 +114,7 @@ class NodeState:
         self._ready: list[PodInfo | None] = []
         self._ready_view: tuple[PodInfo, ...] = ()
         self._pod_gen = 0  # counts changes of the pods or the API views (not of containers)
+        self._troubled: set[str] = set()  # sandbox ids of the pods with problems
         self._pod_read: dict[str, tuple[int, object]] = {}  # what was read of the pods, as of `_pod_gen`
         # the ids each change touched, in order (see `changes`); positions before the gap unknown
         self._log: list[str] = []
@@ -193,11 +194,11 @@ class NodeState:
             self._ready.append(None)
 
     def pod_problems(self) -> list[tuple[str, str]]:
-        """(pod key, what) for what could not be read cleanly of each ready pod."""
+        """(pod key, what) for what could not be read cleanly of each ready pod, sorted."""
         with self._lock:
-            return self._pods_read(
-                "problems",
-                lambda: [(p.key, message) for p in self._pods.values() if p.ready for message in p.problems],
+            found = (self._pods.get(sandbox_id) for sandbox_id in self._troubled)
+            return sorted(
+                (p.key, message) for p in found if p is not None and p.ready for message in p.problems
             )
 
     def _pods_read(self, what: str, read: Callable[[], T]) -> T:
@@ -276,6 +277,7 @@ class NodeState:
         self._indexed = False
         self._infos.clear()
         self._live.clear()
+        self._troubled = {sid for sid, p in self._pods.items() if p.problems}
         self._pods_changed()
 
     # -- the Kubernetes API view ----------------------------------------------------------------
@@ -414,6 +416,10 @@ class NodeState:
                     self._born[pod.sandbox_id] = self._api_seq
                 self._pods[pod.sandbox_id] = pod
                 self._stale.add(pod.sandbox_id)
+                if pod.problems:
+                    self._troubled.add(pod.sandbox_id)
+                else:
+                    self._troubled.discard(pod.sandbox_id)
                 if old is None:
                     self._pods_changed(moved=False, appended=pod.sandbox_id if pod.ready else None)
                 else:
@@ -445,6 +451,7 @@ class NodeState:
                 self._drop(c.id)
                 self._in_flight.pop(c.id, None)
             self._pods.pop(sandbox_id, None)
+            self._troubled.discard(sandbox_id)
             self._stale.add(sandbox_id)
             self._pods_changed()
             self._live.pop(sandbox_id, None)

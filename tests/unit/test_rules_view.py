@@ -107,7 +107,7 @@ class RulesView(RuleBasedStateMachine):
         kept = self.state.pod_infos()
         assert [(i.uid, i.name, i.cgroup_parent, views.get(i.uid), i.containers) for i in kept] == fresh
         assert kept is self.state.pod_infos()  # nothing changed: the very same tuple
-        assert self.state.pod_problems() == [(p.key, m) for p in pods if p.ready for m in p.problems]
+        assert self.state.pod_problems() == sorted((p.key, m) for p in pods if p.ready for m in p.problems)
 
 
 RulesView.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
