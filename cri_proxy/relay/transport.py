@@ -278,12 +278,14 @@ class Link(asyncio.Protocol):
     # -- moving what the core says ------------------------------------------------------------------
     def flush(self) -> None:
         core = self.core
+        if core.events:
+            # first: a pre hook that ends in this turn adds its request's DATA, which then leaves
+            # in one write with the HEADERS before it (one wake-up of the runtime, not two)
+            self._events()
         if core.out_r and self.runtime is not None:
             self.runtime.writelines(core.take_runtime())
         if core.out_c and self.client is not None:
             self.client.writelines(core.take_client())
-        if core.events:
-            self._events()
         if core.warnings:
             for text in core.warnings:
                 logger.warning("frame relay: {}", text)
