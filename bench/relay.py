@@ -84,12 +84,15 @@ def measure(name: str, path: str, request: bytes, direct: Target, proxy: Target,
     row["ratio_p50"] = row["proxy_p50"] / row["direct_p50"]
     row["ratio_p99"] = row["proxy_p99"] / row["direct_p99"]
     row["overhead_p50_us"] = (row["proxy_p50"] - row["direct_p50"]) * 1e6
+    # each proxy call against the direct call next to it in time: noise that comes and goes (other
+    # work on a shared machine) falls on both of a pair, so this one moves less from run to run
+    row["ratio_paired"] = statistics.median(b / a for a, b in zip(d, p, strict=True))
     print(
         f"{name:<28} {size:>9} B  direct p50 {row['direct_p50'] * 1e3:7.3f} ms"
         f" p99 {row['direct_p99'] * 1e3:7.3f}"
         f" | proxy p50 {row['proxy_p50'] * 1e3:7.3f} ms p99 {row['proxy_p99'] * 1e3:7.3f}"
         f" | ratio p50 {row['ratio_p50']:.2f} p99 {row['ratio_p99']:.2f}"
-        f" (+{row['overhead_p50_us']:.0f} µs)",
+        f" (+{row['overhead_p50_us']:.0f} µs) | paired ratio median {row['ratio_paired']:.2f}",
         flush=True,
     )
     return row
@@ -200,6 +203,7 @@ def hooked_create(
         f" direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms"
         f" | added p50 {(pp - dp) * 1e3:.3f} ms (per block of {size}: "
         f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
+        f" | paired added median {statistics.median(b - a for a, b in zip(d, p, strict=True)) * 1e3:.3f} ms"
         f" | hook mean pre {hook['pre'] * 1e3:.3f} ms, post {hook['post'] * 1e3:.3f} ms (after the answer)"
         f" | relay = added - pre {(pp - dp - hook['pre']) * 1e3:.3f} ms",
         flush=True,
