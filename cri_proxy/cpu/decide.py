@@ -17,6 +17,7 @@ from cri_proxy.cpu.allocation import Allocation, allocation_from_annotations
 from cri_proxy.cpu.cgroup import CgroupParent, KubeQoS, parse_cgroup_parent
 from cri_proxy.cpu.cpuset import CPUSet
 from cri_proxy.cpu.inputs import NodeInputs, PodInfo
+from cri_proxy.cpu.keys import ALLOCATION_ANNOTATIONS, QOS_LABEL
 from cri_proxy.cpu.kubelet import KubeletState
 from cri_proxy.cpu.pools import Pools, compute_pools, kubelet_exclusive
 from cri_proxy.cpu.problems import Problem, ProblemKind
@@ -322,6 +323,13 @@ def _entry(pod: PodInfo, online: CPUSet, parsed: _Parsed) -> _Entry:
             )
         claim = (pod_class, cpus, exclusive)
     return _Entry(tuple(problems), skip, claim, _PodView(pod, label, alloc, cgroup, exclusive))
+
+
+def may_move_pools(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+    """Whether a pod with these labels and annotations may change the pools by being there (or
+    going): it names a QoS class or an allocation. A pod with neither claims no CPU and overrides
+    no kubelet entry, so no other container's decision depends on it (conservative: any value)."""
+    return QOS_LABEL in labels or any(key in annotations for key in ALLOCATION_ANNOTATIONS)
 
 
 _MAX_HOLDERS = 6  # holders named in one pool-exhausted message

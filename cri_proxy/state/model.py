@@ -316,6 +316,9 @@ class NodeState:
                 out[p.key] = " and ".join(what)
         return out
 
+    def has_api_view(self, uid: str) -> bool:
+        return uid in self._api
+
     def api_views(self) -> dict[str, ApiView]:
         with self._lock:
             return dict(self._api)

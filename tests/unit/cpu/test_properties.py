@@ -26,7 +26,7 @@ from cri_proxy.cpu import (
     parse_kubelet_state,
     plan_to_json,
 )
-from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.cpu.decide import DecideMemo, may_move_pools
 from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
 
 CANONICAL = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -227,3 +227,25 @@ def test_a_memo_follows_pods_coming_and_going_at_the_end(
             differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
             assert differ <= memo.changed.ids()
         previous = plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    generated(),
+    st.dictionaries(st.sampled_from([QOS_LABEL, "app", "tier"]), st.sampled_from(["LSE", "LSR", "BE", "x"])),
+    st.dictionaries(
+        st.sampled_from([RESOURCE_STATUS_ANNOTATION, "note"]), st.sampled_from(['{"cpuset": "0-1"}', "x"])
+    ),
+    st.sampled_from(CGROUPS),
+)
+def test_a_new_pod_that_may_not_move_the_pools_moves_no_decision(
+    g: Generated, labels: dict[str, str], annotations: dict[str, str], cgroup: str
+) -> None:
+    """`may_move_pools` False (the RunPodSandbox hook then asks for no pass): the pod, before it
+    has containers, changes neither the pools nor any other container's decision."""
+    pod = PodInfo("u-new", "new", "default", cgroup.format(u="u-new"), labels, annotations)
+    with_pod = decide(replace(g.inputs, pods=(*g.inputs.pods, pod)))
+    if not may_move_pools(labels, annotations):
+        before = decide(g.inputs)
+        assert with_pod.pools == before.pools
+        assert with_pod.containers == before.containers
