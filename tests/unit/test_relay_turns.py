@@ -127,3 +127,69 @@ def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the
         assert not link.tasks
 
     run(main())
+
+
+def test_credit_for_held_requests_comes_in_batches_and_the_client_never_runs_low() -> None:
+    """The connection credit owed to the client for hooked requests the relay held is batched (one
+    WINDOW_UPDATE per CREDIT_BATCH bytes, not one per call), and the client's window never drops by
+    more than a batch and a request: a client never waits for it."""
+    from cri_proxy.relay.core import CREDIT_BATCH
+
+    async def pre(request: Any, info: Any) -> Any:
+        return request
+
+    async def main() -> None:
+        log: list[tuple[str, bytes]] = []
+        table = HookTable()
+        table.register("CreateContainer", pre=pre)
+        relay = FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table)
+        link = Link(relay)
+        link.client = Transport("client", log)  # type: ignore[assignment]
+        link.runtime_up(Transport("runtime", log))  # type: ignore[arg-type]
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        client.initiate_connection()
+        server.initiate_connection()
+        server.increment_flow_control_window(1 << 20)  # a wide window, as grpc-go's server gives
+        link.data_received(client.data_to_send())
+        link.core.receive_from_runtime(server.data_to_send())
+        link.flush()
+        for who, data in log:
+            (server if who == "runtime" else client).receive_data(data)
+        link.data_received(client.data_to_send())
+        log.clear()
+        start = client.outbound_flow_control_window
+
+        body = pb.CreateContainerRequest(pod_sandbox_id="p" * 3000).SerializeToString()
+        lowest, updates, calls = start, 0, 100
+        for _ in range(calls):
+            sid = client.get_next_available_stream_id()
+            client.send_headers(
+                sid,
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", PATH),
+                    (":authority", "x"),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                ],
+            )
+            client.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+            lowest = min(lowest, client.outbound_flow_control_window)
+            link.data_received(client.data_to_send())
+            for who, data in log:  # the runtime never credits here: every credit is the relay's own
+                if who == "client":
+                    events = client.receive_data(data)
+                    updates += sum(
+                        isinstance(e, h2.events.WindowUpdated) and e.stream_id == 0 for e in events
+                    )
+                else:
+                    server.receive_data(data)
+            log.clear()
+        sent = calls * (len(body) + 5)
+        assert 0 < updates <= sent // CREDIT_BATCH + 1 < calls  # batched, not one per call
+        assert lowest >= start - CREDIT_BATCH - len(body) - 5
+        assert client.outbound_flow_control_window >= start - CREDIT_BATCH
+
+    run(main())
