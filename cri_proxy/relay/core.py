@@ -403,7 +403,7 @@ class LinkCore:
     def _hold(
         self, st: Stream, hook: HookedRequest, flags: int, buf: Buf, start: int, end: int, flow: int
     ) -> None:
-        """A hooked request's DATA: held (credited to the client at once) until the request ends."""
+        """A hooked request's DATA: held (credited to the client: `_credit_due`) until it ends."""
         if flow:
             self.credit[0] = self.credit.get(0, 0) + flow
             if not flags & wire.END_STREAM:
