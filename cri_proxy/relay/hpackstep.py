@@ -10,11 +10,15 @@ dynamic table is that library's `HeaderTable`), with three differences that boun
   limit nothing more is kept, but the block is still decoded to its end: the dynamic table must
   follow the sender's (runs of one-byte references, which leave it alone, are skipped unread);
 - a block's work is linear in its size (the library copies the rest of the block per literal).
+A short block of nothing but one-byte references (a client's block from its second call on, a
+runtime's answers) is decoded at once by table lookups, and from memory when the same bytes come
+again on an unchanged table: what the steps would give, without them.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Generator, Iterator
 
 from hpack import HPACKDecodingError, InvalidTableSizeError
@@ -27,9 +31,12 @@ FIELD_COST = 16  # work units a field costs besides its strings' bytes
 PLAIN_PER_UNIT = 256  # bytes of a plain (not Huffman-coded) string that cost one unit
 HUFFMAN_SLICE = 4096  # Huffman-coded bytes decoded between checks of the budget
 MAX_INT_BYTES = 4  # continuation octets of an integer with their high bit set (as the library)
+SEEN_BLOCKS = 64  # blocks of references remembered per decoder (a client's few kinds of call)
 
 _COMPLETE, _EMIT, _FAIL = 1, 2, 4
 _ONE_BYTE_REFERENCES = re.compile(rb"[\x80-\xfe]+")  # indexed fields with an index under 127
+_FIRST_DYNAMIC = 0x80 + HeaderTable.STATIC_TABLE_LENGTH + 1  # the one-byte reference to dynamic entry 1
+_STATIC_BY_BYTE = {0x81 + i: entry for i, entry in enumerate(HeaderTable.STATIC_TABLE)}
 
 
 class DecodeError(ValueError):
@@ -58,6 +65,39 @@ def _integer(data: bytes, pos: int, prefix: int) -> tuple[int, int]:
     raise DecodeError("integer representation is too long")
 
 
+class _Seen:
+    """A block of references as it decoded, and the table state it decoded in: the newest dynamic
+    entry (each addition puts a new tuple first; held here, no other object can share its id) and
+    the number of entries (evictions only lower it). Same state: same entries, same result."""
+
+    __slots__ = ("count", "entries", "fields", "keep", "max_list", "newest", "over", "size")
+
+    def __init__(
+        self,
+        dynamic: deque[Field],
+        keep: frozenset[bytes] | None,
+        max_list: int,
+        fields: tuple[Field, ...],
+        size: int,
+        count: int,
+        over: bool,
+    ) -> None:
+        self.newest = dynamic[0] if dynamic else None
+        self.entries = len(dynamic)
+        self.keep, self.max_list = keep, max_list
+        self.fields, self.size, self.count, self.over = fields, size, count, over
+
+    def holds(self, dynamic: deque[Field], keep: frozenset[bytes] | None, max_list: int) -> bool:
+        """Whether the block decodes as it did: same table entries, same filter and limit."""
+        entries = self.entries
+        return (
+            len(dynamic) == entries
+            and (not entries or dynamic[0] is self.newest)
+            and keep is self.keep
+            and max_list == self.max_list
+        )
+
+
 class StepDecoder:
     """One direction's HPACK state; `start(block)` then `step(budget)` until it returns True."""
 
@@ -71,6 +111,8 @@ class StepDecoder:
         self.max_list = 1 << 62
         self.keep: frozenset[bytes] | None = None
         self._kept: set[bytes] = set()
+        self._block: bytes | None = None  # started, not stepped yet
+        self._seen: dict[bytes, _Seen] = {}  # blocks of references decoded lately, by their bytes
         self._run: Iterator[None] | None = None
         self._work = 0
 
@@ -79,12 +121,19 @@ class StepDecoder:
         self.fields, self.size, self.count, self.over = [], 0, 0, False
         self.max_list, self.keep = max_list, keep
         self._kept = set()
-        self._run = self._decode(block)
+        self._block = block
+        self._run = None
 
     def step(self, budget: int) -> bool:
         """Decode about `budget` units more; True when the block is done. Raises DecodeError."""
         if self._run is None:
-            return True
+            block = self._block
+            if block is None:
+                return True
+            self._block = None
+            if len(block) * FIELD_COST < budget and self._references(block):
+                return True
+            self._run = self._decode(block)
         self._work = budget
         try:
             next(self._run)
@@ -107,6 +156,52 @@ class StepDecoder:
         while not self.step(1 << 62):
             pass
         return self.fields
+
+    def _references(self, data: bytes) -> bool:
+        """The usual block after a connection's first call: nothing but one-byte references to
+        entries that exist, with no table size update due. Decoded at once by table lookups, as
+        `_decode` would in one step (same fields, count and size); False when it is not such a block
+        (then `_decode` takes it, errors included). Such a block leaves the table as it is, so the
+        same bytes decode the same while no entry was added or evicted since (`_Seen`)."""
+        table = self.header_table
+        if table.maxsize > self.max_allowed_table_size:
+            return False  # the block must start with a size update: `_decode` refuses it
+        dynamic = table.dynamic_entries
+        keep, max_list = self.keep, self.max_list
+        seen = self._seen.get(data)
+        if seen is not None and seen.holds(dynamic, keep, max_list):
+            self.fields, self.size = list(seen.fields), seen.size
+            self.count, self.over = seen.count, seen.over
+            return True
+        if (
+            _ONE_BYTE_REFERENCES.fullmatch(data) is None
+            or 0x80 in data
+            or max(data) >= _FIRST_DYNAMIC + len(dynamic)
+        ):
+            return False
+        fields = self.fields
+        kept = self._kept
+        size = self.size
+        count = self.count
+        for byte in data:
+            name, value = _STATIC_BY_BYTE[byte] if byte < _FIRST_DYNAMIC else dynamic[byte - _FIRST_DYNAMIC]
+            count += 1
+            size += len(name) + len(value) + 32
+            if size > max_list:  # refused: the rest is counted, not read (as `_decode` skips it)
+                self.over = True
+                self.fields = []
+                count = self.count + len(data)
+                break
+            if keep is None:
+                fields.append((name, value))
+            elif name in keep and name not in kept:
+                kept.add(name)
+                fields.append((name, value))
+        self.size, self.count = size, count
+        if len(self._seen) >= SEEN_BLOCKS:
+            self._seen.clear()
+        self._seen[data] = _Seen(dynamic, keep, max_list, tuple(self.fields), size, count, self.over)
+        return True
 
     # -- the decoder, as a generator that yields when the budget is spent ---------------------------
     def _decode(self, data: bytes) -> Iterator[None]:
