@@ -307,15 +307,18 @@ class LinkCore:
         else:
             end = frames[-1][1] if frames else off
         if start < end:
-            if start == 0 and end == len(buf) and isinstance(buf, bytes):
-                win.send(buf, 0, out)
+            chunk = buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end]
+            if win.backlog:
+                win.send(chunk, 0, out)
             else:
-                win.send(buf[start:end], 0, out)
+                out.append(chunk)  # what `win.send` does with no flow and nothing waiting
         self.c_split.keep(buf, end)
-        self._flush_own_r()
+        if self.own_r:
+            self._flush_own_r()
         if self.credit:
             self._give_credit()
-        self._flush_own_c()
+        if self.own_c:
+            self._flush_own_c()
 
     def _client_headers(
         self, ftype: int, flags: int, sid: int, buf: Buf, at: int, end: int, now: float
@@ -666,7 +669,8 @@ class LinkCore:
         if start < end:
             out.append(buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end])
         self.r_split.keep(buf, end)
-        self._after()
+        if self.stalled or self.credit or self.own_r or self.own_c:
+            self._after()
 
     def _span(self, buf: Buf, start: int, at: int) -> None:
         """Write the passed-through frames before `at` (a frame of ours, or a changed one, follows)."""
@@ -721,9 +725,10 @@ class LinkCore:
             return
         decoded = block.decode()
         if block.end_stream:
-            self.dropping.discard(block.sid)
-            self._ended_while_decoding(block.sid)
-        st = self.streams.get(block.sid)
+            if self.dropping:
+                self.dropping.discard(sid)
+            self._ended_while_decoding(sid)
+        st = self.streams.get(sid)
         if st is None:
             return
         st.responded = True

@@ -87,15 +87,6 @@ class _Seen:
         self.keep, self.max_list = keep, max_list
         self.fields, self.size, self.count, self.over = fields, size, count, over
 
-    def holds(self, dynamic: deque[Field], keep: frozenset[bytes] | None, max_list: int) -> bool:
-        """Whether the block decodes as it did: same table entries, same filter and limit."""
-        entries = self.entries
-        return (
-            len(dynamic) == entries
-            and (not entries or dynamic[0] is self.newest)
-            and keep is self.keep
-            and max_list == self.max_list
-        )
 
 
 class StepDecoder:
@@ -116,13 +107,19 @@ class StepDecoder:
         self._run: Iterator[None] | None = None
         self._work = 0
 
-    def start(self, block: bytes, max_list: int = 1 << 62, keep: frozenset[bytes] | None = None) -> None:
-        """Begin decoding a complete header block."""
+    def start(
+        self, block: bytes, max_list: int = 1 << 62, keep: frozenset[bytes] | None = None, budget: int = 0
+    ) -> bool:
+        """Begin decoding a complete header block; True when it is done already: a short block of
+        references that a first `step(budget)` would finish is decoded at once (no step needed)."""
         self.fields, self.size, self.count, self.over = [], 0, 0, False
         self.max_list, self.keep = max_list, keep
-        self._kept = set()
-        self._block = block
         self._run = None
+        if len(block) * FIELD_COST < budget and self._references(block):
+            self._block = None
+            return True
+        self._block = block
+        return False
 
     def step(self, budget: int) -> bool:
         """Decode about `budget` units more; True when the block is done. Raises DecodeError."""
@@ -169,7 +166,13 @@ class StepDecoder:
         dynamic = table.dynamic_entries
         keep, max_list = self.keep, self.max_list
         seen = self._seen.get(data)
-        if seen is not None and seen.holds(dynamic, keep, max_list):
+        if (
+            seen is not None
+            and len(dynamic) == seen.entries
+            and (not seen.entries or dynamic[0] is seen.newest)
+            and keep is seen.keep
+            and max_list == seen.max_list
+        ):  # the block decodes as it did: same table entries, same filter and limit
             self.fields, self.size = list(seen.fields), seen.size
             self.count, self.over = seen.count, seen.over
             return True
@@ -180,7 +183,7 @@ class StepDecoder:
         ):
             return False
         fields = self.fields
-        kept = self._kept
+        kept = self._kept = set()
         size = self.size
         count = self.count
         for byte in data:
@@ -205,6 +208,7 @@ class StepDecoder:
 
     # -- the decoder, as a generator that yields when the budget is spent ---------------------------
     def _decode(self, data: bytes) -> Iterator[None]:
+        self._kept = set()
         pos, end = 0, len(data)
         table = self.header_table
         while pos < end:
