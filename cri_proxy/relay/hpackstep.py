@@ -112,12 +112,12 @@ class StepDecoder:
     ) -> bool:
         """Begin decoding a complete header block; True when it is done already: a short block of
         references that a first `step(budget)` would finish is decoded at once (no step needed)."""
-        self.fields, self.size, self.count, self.over = [], 0, 0, False
         self.max_list, self.keep = max_list, keep
         self._run = None
         if len(block) * FIELD_COST < budget and self._references(block):
             self._block = None
             return True
+        self.fields, self.size, self.count, self.over = [], 0, 0, False
         self._block = block
         return False
 
@@ -182,25 +182,25 @@ class StepDecoder:
             or max(data) >= _FIRST_DYNAMIC + len(dynamic)
         ):
             return False
-        fields = self.fields
+        fields: list[Field] = []
         kept = self._kept = set()
-        size = self.size
-        count = self.count
+        size = count = 0
+        self.over = False
         for byte in data:
             name, value = _STATIC_BY_BYTE[byte] if byte < _FIRST_DYNAMIC else dynamic[byte - _FIRST_DYNAMIC]
             count += 1
             size += len(name) + len(value) + 32
             if size > max_list:  # refused: the rest is counted, not read (as `_decode` skips it)
                 self.over = True
-                self.fields = []
-                count = self.count + len(data)
+                fields = []
+                count = len(data)
                 break
             if keep is None:
                 fields.append((name, value))
             elif name in keep and name not in kept:
                 kept.add(name)
                 fields.append((name, value))
-        self.size, self.count = size, count
+        self.fields, self.size, self.count = fields, size, count
         if len(self._seen) >= SEEN_BLOCKS:
             self._seen.clear()
         self._seen[data] = _Seen(dynamic, keep, max_list, tuple(self.fields), size, count, self.over)
