@@ -35,8 +35,10 @@ SEEN_BLOCKS = 64  # blocks of references remembered per decoder (a client's few 
 
 _COMPLETE, _EMIT, _FAIL = 1, 2, 4
 _ONE_BYTE_REFERENCES = re.compile(rb"[\x80-\xfe]+")  # indexed fields with an index under 127
-_FIRST_DYNAMIC = 0x80 + HeaderTable.STATIC_TABLE_LENGTH + 1  # the one-byte reference to dynamic entry 1
-_STATIC_BY_BYTE = {0x81 + i: entry for i, entry in enumerate(HeaderTable.STATIC_TABLE)}
+_STATIC = HeaderTable.STATIC_TABLE
+_STATIC_LENGTH = len(_STATIC)
+_FIRST_DYNAMIC = 0x80 + _STATIC_LENGTH + 1  # the one-byte reference to dynamic entry 1
+_STATIC_BY_BYTE = {0x81 + i: entry for i, entry in enumerate(_STATIC)}
 
 
 class DecodeError(ValueError):
@@ -101,7 +103,6 @@ class StepDecoder:
         self.over = False  # the list went over max_list: fields are no longer kept
         self.max_list = 1 << 62
         self.keep: frozenset[bytes] | None = None
-        self._kept: set[bytes] = set()
         self._block: bytes | None = None  # started, not stepped yet
         self._seen: dict[bytes, _Seen] = {}  # blocks of references decoded lately, by their bytes
         self._run: Iterator[None] | None = None
@@ -183,7 +184,7 @@ class StepDecoder:
         ):
             return False
         fields: list[Field] = []
-        kept = self._kept = set()
+        kept: set[bytes] = set()
         size = count = 0
         self.over = False
         for byte in data:
@@ -208,9 +209,11 @@ class StepDecoder:
 
     # -- the decoder, as a generator that yields when the budget is spent ---------------------------
     def _decode(self, data: bytes) -> Iterator[None]:
-        self._kept = set()
+        kept: set[bytes] = set()
+        keep, max_list = self.keep, self.max_list
         pos, end = 0, len(data)
         table = self.header_table
+        dynamic = table.dynamic_entries
         while pos < end:
             if self._work <= 0:
                 yield
@@ -229,61 +232,66 @@ class StepDecoder:
                     index, pos = first & 0x7F, pos + 1
                 else:
                     index, pos = _integer(data, pos, 7)
-                name, value = table.get_by_index(index)
+                if 0 < index <= _STATIC_LENGTH:
+                    name, value = _STATIC[index - 1]
+                elif 0 <= index - _STATIC_LENGTH - 1 < len(dynamic):
+                    name, value = dynamic[index - _STATIC_LENGTH - 1]
+                else:
+                    name, value = table.get_by_index(index)  # raises the library's error
                 self._work -= FIELD_COST
-                self._field(name, value)
-                continue
-            if first & 0x40:
-                prefix, indexing = 6, True
-            elif first & 0x20:  # dynamic table size update
-                if self.count:
-                    raise DecodeError("table size update after a header field")
-                size, pos = _integer(data, pos, 5)
-                if size > self.max_allowed_table_size:
-                    raise InvalidTableSizeError("encoder exceeded the allowed table size")
-                table.maxsize = size
-                self._work -= FIELD_COST
-                continue
             else:
-                prefix, indexing = 4, False
-            index, pos = _integer(data, pos, prefix)
-            if index:
-                name = table.get_by_index(index)[0]
-            else:
+                if first & 0x40:
+                    prefix, indexing = 0x3F, True
+                elif first & 0x20:  # dynamic table size update
+                    if self.count:
+                        raise DecodeError("table size update after a header field")
+                    size, pos = _integer(data, pos, 5)
+                    if size > self.max_allowed_table_size:
+                        raise InvalidTableSizeError("encoder exceeded the allowed table size")
+                    table.maxsize = size
+                    self._work -= FIELD_COST
+                    continue
+                else:
+                    prefix, indexing = 0x0F, False
+                if first & prefix != prefix:  # the name's index fits the first byte
+                    index, pos = first & prefix, pos + 1
+                else:
+                    index, pos = _integer(data, pos, 4 if prefix == 0x0F else 6)
+                if index:
+                    name = table.get_by_index(index)[0]
+                else:
+                    short = self._short_string(data, pos)
+                    if short is not None:
+                        name, pos = short
+                    else:
+                        name_out: list[bytes] = []
+                        pos = yield from self._string(data, pos, name_out)
+                        name = name_out[0]
                 short = self._short_string(data, pos)
                 if short is not None:
-                    name, pos = short
+                    value, pos = short
                 else:
-                    name_out: list[bytes] = []
-                    pos = yield from self._string(data, pos, name_out)
-                    name = name_out[0]
-            short = self._short_string(data, pos)
-            if short is not None:
-                value, pos = short
-            else:
-                value_out: list[bytes] = []
-                pos = yield from self._string(data, pos, value_out)
-                value = value_out[0]
-            self._work -= FIELD_COST
-            if indexing:
-                table.add(name, value)
-            self._field(name, value)
+                    value_out: list[bytes] = []
+                    pos = yield from self._string(data, pos, value_out)
+                    value = value_out[0]
+                self._work -= FIELD_COST
+                if indexing:
+                    table.add(name, value)
+            # the field: counted; kept while the list is under the limit (the first of each kept name)
+            self.count += 1
+            self.size += len(name) + len(value) + 32
+            if self.over:
+                continue
+            if self.size > max_list:
+                self.over = True
+                self.fields = []
+            elif keep is None:
+                self.fields.append((name, value))
+            elif name in keep and name not in kept:
+                kept.add(name)
+                self.fields.append((name, value))
         if table.maxsize > self.max_allowed_table_size:
             raise InvalidTableSizeError("encoder did not shrink the table to the allowed size")
-
-    def _field(self, name: bytes, value: bytes) -> None:
-        self.count += 1
-        self.size += len(name) + len(value) + 32
-        if self.over:
-            return
-        if self.size > self.max_list:
-            self.over = True
-            self.fields = []
-        elif self.keep is None:
-            self.fields.append((name, value))
-        elif name in self.keep and name not in self._kept:  # the first of each: what is read
-            self._kept.add(name)
-            self.fields.append((name, value))
 
     def _short_string(self, data: bytes, pos: int) -> tuple[bytes, int] | None:
         """(string, position after it) when it decodes without yielding: plain, or Huffman-coded
@@ -330,8 +338,12 @@ def _string_span(data: bytes, pos: int) -> tuple[bool, int, int]:
     """The string literal at `pos`: (Huffman-coded, where its bytes start, where they stop)."""
     if pos >= len(data):
         raise DecodeError("header block ends before a string")
-    coded = bool(data[pos] & 0x80)
-    length, start = _integer(data, pos, 7)
+    first = data[pos]
+    if first & 0x7F != 0x7F:  # the length fits the first byte (the usual case): no integer to read
+        length, start = first & 0x7F, pos + 1
+    else:
+        length, start = _integer(data, pos, 7)
+    coded = bool(first & 0x80)
     stop = start + length
     if stop > len(data):
         raise DecodeError("header block ends inside a string")
