@@ -90,7 +90,6 @@ class _Seen:
         self.fields, self.size, self.count, self.over = fields, size, count, over
 
 
-
 class StepDecoder:
     """One direction's HPACK state; `start(block)` then `step(budget)` until it returns True."""
 
