@@ -12,7 +12,8 @@ dynamic table is that library's `HeaderTable`), with three differences that boun
 - a block's work is linear in its size (the library copies the rest of the block per literal).
 A short block of nothing but one-byte references (a client's block from its second call on, a
 runtime's answers) is decoded at once by table lookups, and from memory when the same bytes come
-again on an unchanged table: what the steps would give, without them.
+again on an unchanged table: what the steps would give, without them. A short block that only
+starts with such references (a new grpc-timeout after them) has those decoded so, the rest in steps.
 """
 
 from __future__ import annotations
@@ -104,8 +105,10 @@ class StepDecoder:
         self.keep: frozenset[bytes] | None = None
         self._block: bytes | None = None  # started, not stepped yet
         self._seen: dict[bytes, _Seen] = {}  # blocks of references decoded lately, by their bytes
+        self._kept: set[bytes] = set()  # kept names of the block
         self._run: Iterator[None] | None = None
         self._work = 0
+        self._spent = 0  # work done at once, before the first step (it counts in that step)
 
     def start(
         self, block: bytes, max_list: int = 1 << 62, keep: frozenset[bytes] | None = None, budget: int = 0
@@ -114,11 +117,10 @@ class StepDecoder:
         references that a first `step(budget)` would finish is decoded at once (no step needed)."""
         self.max_list, self.keep = max_list, keep
         self._run = None
-        if len(block) * FIELD_COST < budget and self._references(block):
-            self._block = None
-            return True
-        self.fields, self.size, self.count, self.over = [], 0, 0, False
         self._block = block
+        if len(block) * FIELD_COST < budget:
+            return self._at_once(block)
+        self.fields, self.size, self.count, self.over = [], 0, 0, False
         return False
 
     def step(self, budget: int) -> bool:
@@ -127,11 +129,13 @@ class StepDecoder:
             block = self._block
             if block is None:
                 return True
-            self._block = None
-            if len(block) * FIELD_COST < budget and self._references(block):
+            if len(block) * FIELD_COST >= budget:
+                self._in_steps(block)
+            elif self._at_once(block):
                 return True
-            self._run = self._decode(block)
-        self._work = budget
+        assert self._run is not None
+        self._work = budget - self._spent
+        self._spent = 0
         try:
             next(self._run)
         except StopIteration:
@@ -154,63 +158,94 @@ class StepDecoder:
             pass
         return self.fields
 
-    def _references(self, data: bytes) -> bool:
-        """The usual block after a connection's first call: nothing but one-byte references to
-        entries that exist, with no table size update due. Decoded at once by table lookups, as
-        `_decode` would in one step (same fields, count and size); False when it is not such a block
-        (then `_decode` takes it, errors included). Such a block leaves the table as it is, so the
-        same bytes decode the same while no entry was added or evicted since (`_Seen`)."""
+    def _at_once(self, data: bytes) -> bool:
+        """Decode at once what a first step would decode by table lookups: a block of one-byte
+        references to entries that exist, with no table size update due (the usual block after a
+        connection's first call): True, done. Else the references it starts with (when no size
+        update is due), and the generator takes the rest: False. Same fields, count, size, errors
+        and work as in steps. Such a block leaves the table as it is, so the same bytes decode the
+        same while no entry was added or evicted since (`_Seen`)."""
+        self._block = None
         table = self.header_table
-        if table.maxsize > self.max_allowed_table_size:
-            return False  # the block must start with a size update: `_decode` refuses it
-        dynamic = table.dynamic_entries
         keep, max_list = self.keep, self.max_list
-        seen = self._seen.get(data)
-        if (
-            seen is not None
-            and len(dynamic) == seen.entries
-            and (not seen.entries or dynamic[0] is seen.newest)
-            and keep is seen.keep
-            and max_list == seen.max_list
-        ):  # the block decodes as it did: same table entries, same filter and limit
-            self.fields, self.size = list(seen.fields), seen.size
-            self.count, self.over = seen.count, seen.over
-            return True
-        if (
-            _ONE_BYTE_REFERENCES.fullmatch(data) is None
-            or 0x80 in data
-            or max(data) >= _FIRST_DYNAMIC + len(dynamic)
-        ):
-            return False
+        pos = 0
+        if table.maxsize <= self.max_allowed_table_size:  # else the block must start with a size update
+            dynamic = table.dynamic_entries
+            seen = self._seen.get(data)
+            if (
+                seen is not None
+                and len(dynamic) == seen.entries
+                and (not seen.entries or dynamic[0] is seen.newest)
+                and keep is seen.keep
+                and max_list == seen.max_list
+            ):  # the block decodes as it did: same table entries, same filter and limit
+                self.fields, self.size = list(seen.fields), seen.size
+                self.count, self.over = seen.count, seen.over
+                return True
+            pos = self._references(data, dynamic)
+            if pos == len(data):
+                if len(self._seen) >= SEEN_BLOCKS:
+                    self._seen.clear()
+                self._seen[data] = _Seen(
+                    dynamic, keep, max_list, tuple(self.fields), self.size, self.count, self.over
+                )
+                return True
+            self._run = self._decode(data, pos)
+        else:
+            self._in_steps(data)
+        return False
+
+    def _in_steps(self, data: bytes) -> None:
+        """Decode the whole block in steps, from its first byte."""
+        self._block = None
+        self.fields, self.size, self.count, self.over = [], 0, 0, False
+        self._kept = set()
+        self._spent = 0
+        self._run = self._decode(data)
+
+    def _references(self, data: bytes, dynamic: deque[Field]) -> int:
+        """Decode the one-byte references to existing entries that `data` starts with (as `_decode`
+        would, in one step); returns where they end."""
+        run = _ONE_BYTE_REFERENCES.match(data)
+        stop = 0 if run is None else run.end()
+        keep, max_list = self.keep, self.max_list
         fields: list[Field] = []
         kept: set[bytes] = set()
-        size = count = 0
-        self.over = False
-        for byte in data:
+        size = 0
+        over = False
+        first_beyond = _FIRST_DYNAMIC + len(dynamic)
+        pos = 0
+        while pos < stop:
+            byte = data[pos]
+            if byte == 0x80 or byte >= first_beyond:
+                break  # not an entry: `_decode` refuses it
             name, value = _STATIC_BY_BYTE[byte] if byte < _FIRST_DYNAMIC else dynamic[byte - _FIRST_DYNAMIC]
-            count += 1
+            pos += 1
             size += len(name) + len(value) + 32
-            if size > max_list:  # refused: the rest is counted, not read (as `_decode` skips it)
-                self.over = True
+            if size > max_list:
+                over = True
                 fields = []
-                count = len(data)
                 break
             if keep is None:
                 fields.append((name, value))
             elif name in keep and name not in kept:
                 kept.add(name)
                 fields.append((name, value))
-        self.fields, self.size, self.count = fields, size, count
-        if len(self._seen) >= SEEN_BLOCKS:
-            self._seen.clear()
-        self._seen[data] = _Seen(dynamic, keep, max_list, tuple(self.fields), size, count, self.over)
-        return True
+        spent = pos * FIELD_COST
+        if over and pos < stop:  # refused: the rest of the run is counted, not read (as `_decode` skips it)
+            spent += (stop - pos) // PLAIN_PER_UNIT + 1
+            pos = stop
+        self.fields, self.size, self.count, self.over = fields, size, pos, over
+        self._kept = kept
+        self._spent = spent
+        return pos
 
     # -- the decoder, as a generator that yields when the budget is spent ---------------------------
-    def _decode(self, data: bytes) -> Iterator[None]:
-        kept: set[bytes] = set()
+    def _decode(self, data: bytes, pos: int = 0) -> Iterator[None]:
+        """The block from `pos` on (what `_at_once` left), its fields after those decoded so far."""
+        kept = self._kept
         keep, max_list = self.keep, self.max_list
-        pos, end = 0, len(data)
+        end = len(data)
         table = self.header_table
         dynamic = table.dynamic_entries
         while pos < end:

@@ -117,7 +117,14 @@ class AtOnceAndStepped(RuleBasedStateMachine):
     count, errors and table, whatever the table holds and the receiver last allowed."""
 
     @initialize(
-        keep=st.sampled_from([None, frozenset((b":path", b"grpc-encoding")), frozenset((b"te",))]),
+        keep=st.sampled_from(
+            [
+                None,
+                frozenset((b":path", b"grpc-encoding")),
+                frozenset((b"te",)),
+                frozenset((b":method", b"te")),  # a static entry: blocks start with references to it
+            ]
+        ),
         max_list=st.sampled_from([1 << 62, 1 << 62, 100, 300, 2000]),
     )
     def setup(self, keep: frozenset[bytes] | None, max_list: int) -> None:
@@ -182,6 +189,18 @@ def test_a_block_seen_before_decodes_anew_once_its_entry_was_replaced(keep: froz
         assert dec.decode(b"\xbe", keep=keep) == [(b"x-a", value)]
         assert dec.decode(b"\xbe\xbe", keep=keep) == [(b"x-a", value)] * (1 if keep else 2)
         assert dec.size == 2 * (3 + len(value) + 32)
+
+
+def test_a_block_that_starts_with_references_keeps_the_first_of_each_name_across_the_rest() -> None:
+    """The references a block starts with are decoded at once, the rest in steps: a name kept
+    from the first part is not kept again from the second."""
+    block = bytes(hpack.Encoder().encode([(b":method", b"GET"), (b":method", b"PATCH"), (b"te", b"x")]))
+    assert block[0] == 0x82  # a reference to the static `:method: GET`, then literals
+    dec = StepDecoder()
+    assert not dec.start(block, keep=frozenset((b":method", b"te")), budget=4096)
+    assert dec.step(4096)
+    assert dec.fields == [(b":method", b"GET"), (b"te", b"x")]
+    assert dec.count == 3
 
 
 def mutate(block: bytes, cuts: list[tuple[int, int]]) -> bytes:
