@@ -11,8 +11,12 @@ two Unix-socket hops and the event loop (bench/relay.py measures the whole proxy
     .venv/bin/python bench/core.py                  # ~1 s
     .venv/bin/python bench/core.py --vary-timeout   # a new grpc-timeout value per call (grpc-go's way)
     .venv/bin/python bench/core.py --profile        # cProfile of one run, by own time
+    .venv/bin/python bench/core.py --against /tmp/main   # before/after: another checkout's core too
 
-By default the core has an observer (as `serve` with metrics has) and decodes both directions.
+With `--against DIR` (e.g. `git worktree add /tmp/main main`) the core of that checkout is measured
+as well, in a child process, in turns with this one (`--rounds`), and the ratio of the two best
+figures is printed: this checkout / DIR. By default the core has an observer (as `serve` with
+metrics has) and decodes both directions.
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ import argparse
 import cProfile
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h2.config
 import h2.connection
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if TYPE_CHECKING:
+    from cri_proxy.relay.core import LinkCore
 
-from cri_proxy.relay.core import Limits, LinkCore
-from cri_proxy.relay.hooks import Hooks
-
+ROOT = Path(__file__).resolve().parents[1]
 VERSION = "/runtime.v1.RuntimeService/Version"
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 Call = tuple[bytes, bytes]  # (the client's bytes, the runtime's bytes) of one call
@@ -85,6 +90,8 @@ def conversation(calls: int, vary_timeout: bool) -> tuple[Call, list[Call]]:
 
 def new_core(opening: Call, observe: bool) -> LinkCore:
     """A core past the connection's opening, hooking CreateContainer as `serve` does."""
+    from cri_proxy.relay.core import Limits, LinkCore
+    from cri_proxy.relay.hooks import Hooks
 
     async def post(*_: object) -> None:
         return None
@@ -122,6 +129,23 @@ def run(core: LinkCore, calls: list[Call]) -> float:
     return time.process_time() - began
 
 
+def measure(args: argparse.Namespace) -> list[float]:
+    """CPU µs per call of each of `--repeat` runs, each on a fresh core."""
+    opening, calls = conversation(args.calls, args.vary_timeout)
+    return [
+        run(new_core(opening, not args.no_observer), calls) / len(calls) * 1e6 for _ in range(args.repeat)
+    ]
+
+
+def measure_in(root: Path, args: argparse.Namespace) -> list[float]:
+    """The same runs with the core of the checkout at `root`, in a child process."""
+    argv = [sys.executable, __file__, "--root", str(root), "--figures"]
+    argv += ["--calls", str(args.calls), "--repeat", str(args.repeat)]
+    argv += ["--vary-timeout"] * args.vary_timeout + ["--no-observer"] * args.no_observer
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return [float(line) for line in out.split()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000, help="calls per run (default 2000)")
@@ -129,25 +153,40 @@ def main() -> None:
     ap.add_argument("--vary-timeout", action="store_true", help="a new grpc-timeout value per call")
     ap.add_argument("--no-observer", action="store_true", help="no metrics observer on the core")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one run instead")
+    ap.add_argument("--against", type=Path, help="another checkout whose core is measured in turns")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of each with --against (default 3)")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose core is measured")
+    ap.add_argument("--figures", action="store_true", help="print each run's figure only")
     args = ap.parse_args()
-    opening, calls = conversation(args.calls, args.vary_timeout)
-    observe = not args.no_observer
+    sys.path.insert(0, str(args.root.resolve()))
     if args.profile:
-        core = new_core(opening, observe)
+        opening, calls = conversation(args.calls, args.vary_timeout)
+        core = new_core(opening, not args.no_observer)
         profile = cProfile.Profile()
         profile.runcall(run, core, calls)
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
-    per_call = []
-    for _ in range(args.repeat):
-        per_call.append(run(new_core(opening, observe), calls) / len(calls) * 1e6)
-    print(
-        f"link core, {len(calls)} Version calls x{args.repeat}"
-        f" ({'varying' if args.vary_timeout else 'fixed'} grpc-timeout,"
-        f" {'with' if observe else 'no'} observer):"
-        f" best {min(per_call):.1f} µs/call, median {statistics.median(per_call):.1f} µs/call",
-        flush=True,
+    if args.figures:
+        print("\n".join(f"{x:.3f}" for x in measure(args)))
+        return
+    here: list[float] = []
+    there: list[float] = []
+    for _ in range(args.rounds if args.against else 1):
+        here += measure(args)
+        if args.against:
+            there += measure_in(args.against, args)
+    shape = (
+        f"{'varying' if args.vary_timeout else 'fixed'} grpc-timeout,"
+        f" {'with' if not args.no_observer else 'no'} observer"
     )
+    line = f"link core, {args.calls} Version calls x{len(here)} ({shape}): CPU per call"
+    line += f" best {min(here):.1f} µs, median {statistics.median(here):.1f} µs"
+    if args.against:
+        line += (
+            f" | {args.against}: best {min(there):.1f} µs, median {statistics.median(there):.1f} µs"
+            f" | ratio (best) {min(here) / min(there):.2f}"
+        )
+    print(line, flush=True)
 
 
 if __name__ == "__main__":
