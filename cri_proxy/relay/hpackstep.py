@@ -32,7 +32,7 @@ FIELD_COST = 16  # work units a field costs besides its strings' bytes
 PLAIN_PER_UNIT = 256  # bytes of a plain (not Huffman-coded) string that cost one unit
 HUFFMAN_SLICE = 4096  # Huffman-coded bytes decoded between checks of the budget
 MAX_INT_BYTES = 4  # continuation octets of an integer with their high bit set (as the library)
-SEEN_BLOCKS = 32  # blocks of references remembered per decoder (a client's few kinds of call; < 10 KB)
+SEEN_BLOCKS = 32  # blocks of references remembered per decoder (a client's few kinds of call; ~15 KB at most)
 
 _COMPLETE, _EMIT, _FAIL = 1, 2, 4
 _ONE_BYTE_REFERENCES = re.compile(rb"[\x80-\xfe]+")  # indexed fields with an index under 127
