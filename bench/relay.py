@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import ROOT, rss_kib, start_fake_runtime, start_proxy, stop_all
+from common import ROOT, proc_figures, rss_kib, start_fake_runtime, start_proxy, stop_all
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
@@ -60,6 +60,13 @@ class Target:
         return self.calls[path]
 
 
+PROXY_PID = 0  # the proxy's process: its CPU time per call is printed (steadier than latency on a busy VM)
+
+
+def proxy_cpu() -> float:
+    return proc_figures(PROXY_PID)["cpu_s"] if PROXY_PID else 0.0
+
+
 def measure(name: str, path: str, request: bytes, direct: Target, proxy: Target, n: int) -> dict[str, float]:
     d_call, p_call = direct.call(path), proxy.call(path)
     size = len(d_call(request, timeout=30))
@@ -68,12 +75,14 @@ def measure(name: str, path: str, request: bytes, direct: Target, proxy: Target,
         p_call(request, timeout=30)
     d: list[float] = []
     p: list[float] = []
+    cpu0 = proxy_cpu()
     for i in range(n):
         order = ((d_call, d), (p_call, p)) if i % 2 == 0 else ((p_call, p), (d_call, d))
         for fn, out in order:
             t0 = time.perf_counter()
             fn(request, timeout=30)
             out.append(time.perf_counter() - t0)
+    cpu = (proxy_cpu() - cpu0) / n
     row = {
         "direct_p50": percentile(d, 0.5),
         "direct_p99": percentile(d, 0.99),
@@ -84,12 +93,16 @@ def measure(name: str, path: str, request: bytes, direct: Target, proxy: Target,
     row["ratio_p50"] = row["proxy_p50"] / row["direct_p50"]
     row["ratio_p99"] = row["proxy_p99"] / row["direct_p99"]
     row["overhead_p50_us"] = (row["proxy_p50"] - row["direct_p50"]) * 1e6
+    # each proxy call against the direct call next to it in time: noise that comes and goes (other
+    # work on a shared machine) falls on both of a pair, so this one moves less from run to run
+    row["ratio_paired"] = statistics.median(b / a for a, b in zip(d, p, strict=True))
     print(
         f"{name:<28} {size:>9} B  direct p50 {row['direct_p50'] * 1e3:7.3f} ms"
         f" p99 {row['direct_p99'] * 1e3:7.3f}"
         f" | proxy p50 {row['proxy_p50'] * 1e3:7.3f} ms p99 {row['proxy_p99'] * 1e3:7.3f}"
         f" | ratio p50 {row['ratio_p50']:.2f} p99 {row['ratio_p99']:.2f}"
-        f" (+{row['overhead_p50_us']:.0f} µs)",
+        f" (+{row['overhead_p50_us']:.0f} µs) | paired ratio median {row['ratio_paired']:.2f}"
+        f" | proxy CPU {cpu * 1e6:.0f} µs a call",
         flush=True,
     )
     return row
@@ -102,6 +115,7 @@ def sequential(direct: Target, proxy: Target, n: int) -> None:
     d_call, p_call = direct.call(path), proxy.call(path)
     totals = {"direct": 0.0, "proxy": 0.0}
     block = 1000
+    cpu0 = proxy_cpu()
     for i in range(0, n, block):
         order = (
             (("direct", d_call), ("proxy", p_call))
@@ -115,7 +129,8 @@ def sequential(direct: Target, proxy: Target, n: int) -> None:
             totals[name] += time.perf_counter() - t0
     print(
         f"{n} sequential Version: direct {totals['direct']:.2f} s, proxy {totals['proxy']:.2f} s,"
-        f" ratio {totals['proxy'] / totals['direct']:.2f}",
+        f" ratio {totals['proxy'] / totals['direct']:.2f}"
+        f" | proxy CPU {(proxy_cpu() - cpu0) / n * 1e6:.0f} µs a call",
         flush=True,
     )
 
@@ -169,6 +184,7 @@ def hooked_create(
     # proxy finds nothing to re-pin when it adopts the direct ones
     cpus = Path("/sys/devices/system/cpu/online").read_text().strip()
     before = hook_counters(metrics)
+    cpu0 = proxy_cpu()
     for i in range(n):
         for name, fn, out in (
             (("d", d_call, d), ("p", p_call, p)) if i % 2 == 0 else (("p", p_call, p), ("d", d_call, d))
@@ -181,6 +197,7 @@ def hooked_create(
             t0 = time.perf_counter()
             fn(request.SerializeToString(), timeout=60)
             out.append(time.perf_counter() - t0)
+    cpu = (proxy_cpu() - cpu0) / n
     time.sleep(0.5)  # the last post hook
     after = hook_counters(metrics)
     hook = {}
@@ -200,8 +217,10 @@ def hooked_create(
         f" direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms"
         f" | added p50 {(pp - dp) * 1e3:.3f} ms (per block of {size}: "
         f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
+        f" | paired added median {statistics.median(b - a for a, b in zip(d, p, strict=True)) * 1e3:.3f} ms"
         f" | hook mean pre {hook['pre'] * 1e3:.3f} ms, post {hook['post'] * 1e3:.3f} ms (after the answer)"
-        f" | relay = added - pre {(pp - dp - hook['pre']) * 1e3:.3f} ms",
+        f" | relay = added - pre {(pp - dp - hook['pre']) * 1e3:.3f} ms"
+        f" | proxy CPU {cpu * 1e3:.3f} ms a create{' (with its RunPodSandbox)' if pod_each else ''}",
         flush=True,
     )
 
@@ -279,6 +298,8 @@ def main() -> None:
             *relay_mode,
         )
         procs.append(proxy_proc)
+        global PROXY_PID
+        PROXY_PID = proxy_proc.pid
         direct, proxy = Target(runtime_address), Target(proxy_address)
         print(
             f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}"

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
+from operator import is_
 from types import MappingProxyType
 
 from cri_proxy.cpu.allocation import Allocation, allocation_from_annotations
 from cri_proxy.cpu.cgroup import CgroupParent, KubeQoS, parse_cgroup_parent
 from cri_proxy.cpu.cpuset import CPUSet
 from cri_proxy.cpu.inputs import NodeInputs, PodInfo
+from cri_proxy.cpu.keys import ALLOCATION_ANNOTATIONS, QOS_LABEL
 from cri_proxy.cpu.kubelet import KubeletState
 from cri_proxy.cpu.pools import Pools, compute_pools, kubelet_exclusive
 from cri_proxy.cpu.problems import Problem, ProblemKind
@@ -238,9 +240,9 @@ def _parse(pod: PodInfo) -> _Parsed:
 
 @dataclass
 class _Survey:
-    """First pass over the pods: everything the pools depend on, and pod-level problems."""
+    """First pass over the pods: everything the pools depend on, and pod-level problems. Folded
+    pod by pod, so the part of a prefix of the pods can be kept (`copy`) and folded on from."""
 
-    views: list[_PodView] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     lse: int = 0
     lsr: int = 0
@@ -251,19 +253,17 @@ class _Survey:
     skip_uids: set[str] = field(default_factory=set)  # kubelet entries the scheduler/label overrides
     skip_cids: set[str] = field(default_factory=set)
 
-    def add(self, pod: PodInfo, online: CPUSet, parsed: _Parsed | None = None) -> None:
-        self.fold(_entry(pod, online, parsed if parsed is not None else _parse(pod)))
-
     def fold(self, e: _Entry) -> None:
         """Add one pod's part (`_entry`) to the node's: the pools depend on all of them together."""
-        self.problems.extend(e.problems)
-        pod = e.view.pod
+        if e.problems:
+            self.problems.extend(e.problems)
         if e.skip:
+            pod = e.view.pod
             self.skip_uids.add(pod.uid)
             self.skip_cids.update(c.id for c in pod.containers)
         if e.claim is not None:
             pod_class, cpus, exclusive = e.claim
-            key = pod.key
+            key = e.view.pod.key
             self.shared |= cpus.mask & self.claimed
             self.claimed |= cpus.mask
             self.claims.append((key, cpus))
@@ -272,7 +272,19 @@ class _Survey:
                 self.lse |= exclusive.mask
             else:
                 self.lsr |= exclusive.mask
-        self.views.append(e.view)
+
+    def copy(self) -> _Survey:
+        return _Survey(
+            list(self.problems),
+            self.lse,
+            self.lsr,
+            self.claimed,
+            self.shared,
+            list(self.claims),
+            dict(self.classes),
+            set(self.skip_uids),
+            set(self.skip_cids),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +325,13 @@ def _entry(pod: PodInfo, online: CPUSet, parsed: _Parsed) -> _Entry:
     return _Entry(tuple(problems), skip, claim, _PodView(pod, label, alloc, cgroup, exclusive))
 
 
+def may_move_pools(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
+    """Whether a pod with these labels and annotations may change the pools by being there (or
+    going): it names a QoS class or an allocation. A pod with neither claims no CPU and overrides
+    no kubelet entry, so no other container's decision depends on it (conservative: any value)."""
+    return QOS_LABEL in labels or any(key in annotations for key in ALLOCATION_ANNOTATIONS)
+
+
 _MAX_HOLDERS = 6  # holders named in one pool-exhausted message
 
 
@@ -341,23 +360,52 @@ class DecideMemo:
     """What a `decide` call may take from the one before it, so that a change costs its own pod.
 
     Per pod (by identity: the caller hands the same `PodInfo` object while the pod is unchanged),
-    its parsed labels and annotations, and its containers' decisions and problems as long as the
-    pools and everything else they depend on are equal. Only the last call's pods are kept.
+    its survey part and its containers' decisions and problems as long as the pools and everything
+    else they depend on are equal. Only the last call's pods are kept. The pods the caller hands
+    keep their order, and a change is most often at the end (a new pod, the newest pod's new
+    container), so the node's totals over all pods but the last, and over all, are kept too: a
+    call whose pods begin with the last call's (all of them, or all but its last) folds on from
+    there instead of going over every pod again.
 
     After a call, `changed` names the containers whose decision differs from the call before (of
     the pods decided again, or gone, those not equal to what they were); None: any may (the first
     call, other pools, ...).
     """
 
-    __slots__ = ("changed", "context", "merged", "order", "parsed", "pods")
+    __slots__ = ("changed", "context", "folds", "merged", "online", "parsed", "pods", "seq")
 
     def __init__(self) -> None:
         self.context: tuple[object, ...] = ()
-        self.parsed: dict[int, tuple[PodInfo, CPUSet, _Entry]] = {}  # pod, online CPUs, its survey part
-        self.pods: dict[int, _PodDone] = {}
-        self.order: list[_PodDone] = []  # the last call's pods, in order
+        self.online: CPUSet | None = None  # the online CPUs `parsed` and `folds` were made with
+        self.seq: tuple[PodInfo, ...] = ()  # the last call's pods, in order
+        self.parsed: dict[int, tuple[PodInfo, _Entry]] = {}  # id(pod) -> pod, its survey part
+        self.pods: dict[int, _PodDone] = {}  # id(pod) -> its decisions under `context`
+        # the totals after all of `seq` but its last pod, and after all of it (never changed later)
+        self.folds: tuple[_Fold | None, _Fold] | None = None
         self.merged: dict[str, ContainerDecision] = {}  # the last call's decisions (never changed)
         self.changed: Changed | None = None
+
+
+@dataclass
+class _Decided:
+    """The second pass's totals over a prefix of the pods (under one context)."""
+
+    problems: list[Problem] = field(default_factory=list)
+    exclusive: list[str] = field(default_factory=list)
+    count: int = 0  # decisions made (more than the ids when an id is in two pods)
+
+    def add(self, done: _PodDone) -> None:
+        if done[2]:
+            self.problems.extend(done[2])
+        if done[3]:
+            self.exclusive.extend(done[3])
+        self.count += len(done[1])
+
+    def copy(self) -> _Decided:
+        return _Decided(list(self.problems), list(self.exclusive), self.count)
+
+
+_Fold = tuple[_Survey, _Decided]
 
 
 def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) -> _PodDone:
@@ -399,31 +447,47 @@ def _exclusive(decisions: Mapping[str, ContainerDecision]) -> list[str]:
 
 
 def _merge(
-    order: list[_PodDone], old: list[_PodDone], merged: dict[str, ContainerDecision]
+    gone: list[_PodDone],
+    come: list[_PodDone],
+    merged: dict[str, ContainerDecision],
+    count: int,
+    pods: tuple[PodInfo, ...],
+    dones: Mapping[int, _PodDone],
 ) -> dict[str, ContainerDecision]:
-    """Every pod's decisions in one dict, in pod order. The pods the last call ended with, in the
-    same places, are copied from its dict at once (a dict copy, not one insert per container), and
-    only the rest (typically the newest pod, which gets the new containers) is put again."""
-    keep = 0
-    while keep < len(order) and keep < len(old) and order[keep] is old[keep]:
-        keep += 1
-    if keep:
-        decisions = dict(merged)
-        gone, come = old[keep:], order[keep:]
-        if len(gone) == 1 and len(come) == 1 and _prefix(gone[0][1], come[0][1]):
-            decisions.update(come[0][1])  # the last pod grew: its ids stay where they were
-        else:
-            for done in gone:
-                for cid in done[1]:
-                    decisions.pop(cid, None)
-            for done in come:
-                decisions.update(done[1])
-        if len(decisions) == sum(len(done[1]) for done in order):  # else an id in two pods: rebuilt
-            return decisions
+    """Every pod's decisions in one dict: the last call's dict copied at once (a dict copy, not one
+    insert per container), less the pods gone from the end, plus the pods come after the kept
+    ones (typically the newest pod, which gets the new containers). Built from every pod when an
+    id turns out to be in two pods (`count`: the decisions made, one per container of each pod)."""
+    decisions = dict(merged)
+    if len(gone) == 1 and len(come) == 1 and _prefix(gone[0][1], come[0][1]):
+        decisions.update(come[0][1])  # the last pod grew: its ids stay where they were
+    else:
+        _drop(decisions, [cid for done in gone for cid in done[1]])
+        for done in come:
+            decisions.update(done[1])
+    if len(decisions) == count:
+        return decisions
     decisions = {}
-    for done in order:
-        decisions.update(done[1])
+    for pod in pods:
+        decisions.update(dones[id(pod)][1])
     return decisions
+
+
+def _drop(decisions: dict[str, ContainerDecision], ids: list[str]) -> None:
+    """Remove `ids` from `decisions`: from its end while they are its last keys (the pods gone are
+    the last ones), which keeps the dict without holes; a dict with holes copies ~10x slower, and
+    the next call copies it."""
+    gone = set(ids)
+    for _ in range(len(gone)):
+        if not decisions:
+            break
+        cid, decision = decisions.popitem()
+        if cid not in gone:
+            decisions[cid] = decision  # back in its place, the last
+            break
+        gone.discard(cid)
+    for cid in gone:
+        decisions.pop(cid, None)
 
 
 class Changed:
@@ -473,6 +537,28 @@ def _prefix(a: Mapping[str, object], b: Mapping[str, object]) -> bool:
     return len(a) <= len(b) and list(a) == list(islice(b, len(a)))
 
 
+def _begins_with(new: tuple[PodInfo, ...], old: tuple[PodInfo, ...], n: int) -> bool:
+    """Whether `new` begins with the first `n` pods of `old`, the very objects (the last of them
+    looked at first: where a change usually is)."""
+    if n <= 0:
+        return n == 0
+    return n <= len(new) and new[n - 1] is old[n - 1] and all(map(is_, islice(old, n - 1), new))
+
+
+def _fold_start(memo: DecideMemo, pods: tuple[PodInfo, ...], online: CPUSet) -> tuple[int, _Fold | None]:
+    """Where this call folds on from the last one's totals: after all its pods, or all but its
+    last, when the pods begin with those; (0, None): from nothing."""
+    if memo.folds is None or memo.online != online:
+        return 0, None
+    old = memo.seq
+    before_last, final = memo.folds
+    if _begins_with(pods, old, len(old)):
+        return len(old), final
+    if before_last is not None and _begins_with(pods, old, len(old) - 1):
+        return len(old) - 1, before_last
+    return 0, None
+
+
 def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     """Decide every container's cpuset from the node's inputs (see cpuset-rules.md).
 
@@ -480,18 +566,31 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     the plan is the same with or without it."""
     online = inputs.topology.online
     kube = _kubelet_state(inputs)
-    survey = _Survey()
-    parsed_before = memo.parsed if memo is not None else {}
-    parsed_now: dict[int, tuple[PodInfo, CPUSet, _Entry]] = {}
-    for pod in inputs.pods:
-        hit = parsed_before.get(id(pod))
-        if hit is not None and hit[0] is pod and hit[1] == online:
-            entry = hit[2]
-        else:
-            entry = _entry(pod, online, _parse(pod))
-        parsed_now[id(pod)] = (pod, online, entry)
-        survey.fold(entry)
-    problems = survey.problems
+    pods = inputs.pods
+    n = len(pods)
+    memo = memo if memo is not None else DecideMemo()
+    old = memo.seq
+    at, start = _fold_start(memo, pods, online)
+    known = memo.parsed if memo.online == online else {}
+
+    def part(pod: PodInfo) -> _Entry:
+        hit = known.get(id(pod))
+        if hit is not None and hit[0] is pod:
+            return hit[1]
+        return _entry(pod, online, _parse(pod))
+
+    # first pass (what the pools depend on): the pods after `at` folded onto the totals before them
+    come = pods[at:]
+    entries = [part(pod) for pod in come]
+    survey = start[0].copy() if start is not None else _Survey()
+    kept = _kept_before_last(memo, at, n)
+    survey_before_last = kept[0] if kept is not None else None
+    for i, e in enumerate(entries, at):
+        if i == n - 1:
+            survey_before_last = survey.copy()
+        survey.fold(e)
+
+    problems = list(survey.problems)
     if survey.shared:
         problems.extend(_conflicts(survey.claims, CPUSet(survey.shared)))
     pools = compute_pools(
@@ -504,30 +603,73 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     holders = _holders(survey, pools, inputs.reserved & online)
     decider = _Decider(inputs.topology, pools, inputs.system, holders)
     context = (inputs.topology, kube, pools, inputs.system, holders)
-    same = memo is not None and memo.context == context
-    before = memo.pods if memo is not None and same else {}
-    now: dict[int, _PodDone] = {}
-    order: list[_PodDone] = []
+
+    # second pass: under the same context, the pods after `at` alone; else every pod, each one's
+    # decisions reused while the context is the same and the pod the very object
+    same = memo.context == context
+    resume = same and start is not None
+    if not resume and at:
+        entries = [part(pod) for pod in pods[:at]] + entries
+        at, come = 0, pods
+    before = memo.pods if same else {}
+    decided = start[1].copy() if resume and start is not None else _Decided()
+    kept = _kept_before_last(memo, at, n)
+    decided_before_last = kept[1] if kept is not None else None
+    come_done: list[_PodDone] = []
     redone: list[_PodDone] = []
-    exclusive: list[str] = []
-    for view in survey.views:
-        pod = view.pod
+    for i, (pod, e) in enumerate(zip(come, entries, strict=True), at):
         done = before.get(id(pod))
         if done is None or done[0] is not pod:
-            done = _decide_pod(view, decider, kube)
+            done = _decide_pod(e.view, decider, kube)
             redone.append(done)
-        now[id(pod)] = done
-        order.append(done)
-        problems.extend(done[2])
-        exclusive.extend(done[3])
-    old = memo.order if memo is not None and same else []
-    decisions = _merge(order, old, memo.merged if memo is not None else {})
-    if memo is not None:
-        looked = [done[1] for done in redone] + [done[1] for done in old if now.get(id(done[0])) is not done]
-        memo.changed = Changed(looked, memo.merged, decisions) if same else None
-        memo.context, memo.parsed, memo.pods = context, parsed_now, now
-        memo.order, memo.merged = order, decisions
+        if i == n - 1:
+            decided_before_last = decided.copy()
+        decided.add(done)
+        come_done.append(done)
 
+    # what the next call may take: this call's pods only
+    kept_parsed = known if start is not None else {}
+    kept_pods = memo.pods if resume else {}
+    here = {id(pod) for pod in come}
+    gone_done: list[_PodDone] = []
+    for pod in old[at:]:
+        if id(pod) in here:
+            continue
+        kept_parsed.pop(id(pod), None)
+        done = kept_pods.pop(id(pod), None) if resume else memo.pods.get(id(pod))
+        if done is not None and done[0] is pod:
+            gone_done.append(done)
+    for pod, e, done in zip(come, entries, come_done, strict=True):
+        kept_parsed[id(pod)] = (pod, e)
+        kept_pods[id(pod)] = done
+    if resume:
+        decisions = _merge(gone_done, come_done, memo.merged, decided.count, pods, kept_pods)
+    else:
+        decisions = {}
+        for done in come_done:
+            decisions.update(done[1])
+    if same:
+        looked = [done[1] for done in redone] + [done[1] for done in gone_done]
+        memo.changed = Changed(looked, memo.merged, decisions)
+    else:
+        memo.changed = None
+    memo.context, memo.online, memo.seq = context, online, pods
+    memo.parsed, memo.pods, memo.merged = kept_parsed, kept_pods, decisions
+    last = None
+    if survey_before_last is not None and decided_before_last is not None:
+        last = (survey_before_last, decided_before_last)
+    memo.folds = (last, (survey, decided))
+
+    problems.extend(decided.problems)
     problems.sort(key=lambda p: (p.pod or "", p.kind, p.message))
     plan_problems = (*inputs.input_problems, *problems)
-    return Plan(pools, MappingProxyType(decisions), plan_problems, frozenset(exclusive))
+    return Plan(pools, MappingProxyType(decisions), plan_problems, frozenset(decided.exclusive))
+
+
+def _kept_before_last(memo: DecideMemo, at: int, n: int) -> _Fold | None:
+    """The last call's totals before its last pod when this call's pods are those very pods
+    (nothing folded after `at`): the totals before this call's last pod too. Kept totals are
+    never changed (a call folds on from a copy), so they are handed as they are."""
+    if at == n and n == len(memo.seq) and memo.folds is not None:
+        return memo.folds[0]
+    return None

@@ -17,7 +17,7 @@ from loguru import logger
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, ProblemKind, QoS
-from cri_proxy.cpu.decide import ContainerDecision
+from cri_proxy.cpu.decide import ContainerDecision, may_move_pools
 from cri_proxy.enforce.naming import about, about_pod
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
@@ -107,8 +107,12 @@ class EnforceHooks:
     # -- sandboxes ----------------------------------------------------------------------------
     async def run_pod_sandbox(self, request: Message, response: Message, info: MethodInfo) -> None:
         req: Any = request
-        self.state.put_pod(pod_record(response.pod_sandbox_id, req.config, info.version))  # type: ignore[attr-defined]
-        self.reconciler.request()  # an exclusive pod carves the share pools as soon as it exists
+        pod = pod_record(response.pod_sandbox_id, req.config, info.version)  # type: ignore[attr-defined]
+        self.state.put_pod(pod)
+        # an exclusive pod carves the share pools as soon as it exists; a new pod that names no
+        # class nor allocation (nor has an API view) moves nothing: it has no containers yet
+        if may_move_pools(pod.labels, pod.annotations) or self.state.has_api_view(pod.uid):
+            self.reconciler.request()
 
     async def pod_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
         if self.state.stop_pod(request.pod_sandbox_id):  # type: ignore[attr-defined]

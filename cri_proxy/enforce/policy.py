@@ -141,16 +141,15 @@ class Policy:
         return self._overlaps(self.plan())
 
     def _overlaps(self, plan: Plan) -> list[Overlap]:
+        if plan.exclusive is not None and not plan.exclusive:
+            return []  # the common node: no exclusive container, no records to read
         _, pods, containers = self.state.snapshot()
         return overlaps(plan, {p.sandbox_id: p for p in pods}, containers, self.topology.online)
 
     def _live_problems(self, plan: Plan) -> Plan:
         """What only the live node shows: labels not readable as text, exclusivity not held."""
         text = tuple(
-            Problem(p.key, ProblemKind.BAD_TEXT, message)
-            for p in self.state.pods()
-            if p.ready
-            for message in p.problems
+            Problem(key, ProblemKind.BAD_TEXT, message) for key, message in self.state.pod_problems()
         )
         found = overlap_problems(self._overlaps(plan))
         if not text and not found:

@@ -46,6 +46,8 @@ UNAVAILABLE = 14
 
 CLIENT_KEEP = frozenset((b":path", b"grpc-encoding"))  # the request header fields the core reads
 RUNTIME_KEEP = frozenset((b"grpc-status",))
+CREDIT_BATCH = 16 << 10  # connection credit owed to the client for held requests, sent once this much
+CREDIT_LOW = 32 << 10  # ... or at once while the client may send less than this
 DECODE_BUDGET = 4096  # HPACK work a client's block may take per loop turn (~1-2 ms; hpackstep.py)
 
 Observer = Callable[[str, int, float, float], None]  # (path, code, total seconds, runtime seconds)
@@ -315,7 +317,7 @@ class LinkCore:
         self.c_split.keep(buf, end)
         if self.own_r:
             self._flush_own_r()
-        if self.credit:
+        if self.credit and self._credit_due():
             self._give_credit()
         if self.own_c:
             self._flush_own_c()
@@ -404,7 +406,7 @@ class LinkCore:
     def _hold(
         self, st: Stream, hook: HookedRequest, flags: int, buf: Buf, start: int, end: int, flow: int
     ) -> None:
-        """A hooked request's DATA: held (credited to the client at once) until the request ends."""
+        """A hooked request's DATA: held (credited to the client: `_credit_due`) until it ends."""
         if flow:
             self.credit[0] = self.credit.get(0, 0) + flow
             if not flags & wire.END_STREAM:
@@ -572,6 +574,19 @@ class LinkCore:
         hook.out = b""
         hook.sending = False
 
+    def _credit_due(self) -> bool:
+        """Whether the credit owed to the client goes now: a stream's at once (a request larger
+        than its window goes on only with it), the connection's in batches of CREDIT_BATCH, as a
+        receiver batches its WINDOW_UPDATEs (one per hooked call would be a write and a client
+        wake-up each), and at once while the client's allowance runs low."""
+        credit = self.credit
+        return (
+            len(credit) > 1
+            or 0 not in credit
+            or credit[0] >= CREDIT_BATCH
+            or self.win.client_allowance < CREDIT_LOW
+        )
+
     def _give_credit(self) -> None:
         """WINDOW_UPDATEs owed to the client for request bytes we hold."""
         credit, self.credit = self.credit, {}
@@ -606,7 +621,7 @@ class LinkCore:
     def _after(self) -> None:
         if self.stalled:
             self._unstall(self.stalled)
-        if self.credit:
+        if self.credit and self._credit_due():
             self._give_credit()
         self._flush_own_r()
         self._flush_own_c()

@@ -2,10 +2,10 @@
 
 The relay forwards both peers' WINDOW_UPDATEs, so each peer's window is mostly the other's to
 keep. Two things are the relay's own: request bytes it holds for a hook are credited to the
-client at once (the runtime has not seen them and will not credit them), and the request it then
-sends in their place takes the runtime's window, whose later credit the client must not get twice
-(`withheld`). `client_allowance` is what the client may still send: the client that sends more
-ignores flow control and is cut off, as the runtime cuts it off (FLOW_CONTROL_ERROR).
+client by the relay, in batches (the runtime has not seen them and will not credit them), and the
+request it then sends in their place takes the runtime's window, whose later credit the client must
+not get twice (`withheld`). `client_allowance` is what the client may still send: the client that
+sends more ignores flow control and is cut off, as the runtime cuts it off (FLOW_CONTROL_ERROR).
 """
 
 from __future__ import annotations

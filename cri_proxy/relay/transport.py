@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from time import perf_counter
 from typing import Any, cast
@@ -18,7 +18,7 @@ from cri_proxy.config import Config
 from cri_proxy.endpoints import socket_path
 from cri_proxy.errors import EndpointError
 from cri_proxy.relay import inline, standin
-from cri_proxy.relay.core import CancelPre, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
+from cri_proxy.relay.core import CancelPre, Event, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
 from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.forward import CallObserver
 from cri_proxy.relay.hookrun import CODES, Forward, HookRunner, PreOutcome
@@ -278,12 +278,22 @@ class Link(asyncio.Protocol):
     # -- moving what the core says ------------------------------------------------------------------
     def flush(self) -> None:
         core = self.core
+        after: list[Event] = []
+        if core.events:
+            # pre hooks first: one that ends in this turn adds its request's DATA, which then leaves
+            # in one write with the HEADERS before it (one wake-up of the runtime, not two); the
+            # hooks that come after a call wait until its answer is written
+            for event in core.take_events():
+                if isinstance(event, RunPre | CancelPre):
+                    self._event(event)
+                else:
+                    after.append(event)
         if core.out_r and self.runtime is not None:
             self.runtime.writelines(core.take_runtime())
         if core.out_c and self.client is not None:
             self.client.writelines(core.take_client())
-        if core.events:
-            self._events()
+        for event in after:
+            self._event(event)
         if core.warnings:
             for text in core.warnings:
                 logger.warning("frame relay: {}", text)
@@ -321,18 +331,32 @@ class Link(asyncio.Protocol):
             self.client.pause_reading()
 
     def _events(self) -> None:
-        runner = self.relay.runner
         for event in self.core.take_events():
-            if isinstance(event, RunPre):
-                self._pre(event)
-            elif isinstance(event, CancelPre):
-                task = self.pres.pop(event.stream, None)
-                if task is not None:
-                    task.cancel()
-            elif isinstance(event, RunPost):
-                self._spawn(runner.post(event.info, event.hooks, event.request, event.response))
-            elif isinstance(event, RunFailed):
-                self._spawn(runner.failed(event.info, event.hooks, event.request, event.code))
+            self._event(event)
+
+    def _event(self, event: Event) -> None:
+        runner = self.relay.runner
+        if isinstance(event, RunPre):
+            self._pre(event)
+        elif isinstance(event, CancelPre):
+            task = self.pres.pop(event.stream, None)
+            if task is not None:
+                task.cancel()
+        elif isinstance(event, RunPost):
+            self._after_call(runner.post(event.info, event.hooks, event.request, event.response))
+        elif isinstance(event, RunFailed):
+            self._after_call(runner.failed(event.info, event.hooks, event.request, event.code))
+
+    def _after_call(self, hook: Coroutine[Any, Any, None]) -> None:
+        """A hook after the call (its answer is written): run now; one that waits goes on in a task."""
+        try:
+            started = inline.start(hook)
+        except Exception as exc:  # a bug outside the hook's guard: logged; the link lives on
+            logger.opt(exception=exc).error("hook after a call failed: {}", exc)
+            return
+        if not isinstance(started, inline.Finished):
+            self.tasks.add(started)
+            started.add_done_callback(self.tasks.discard)
 
     def _pre(self, event: RunPre) -> None:
         """Run the pre hook now, in this loop turn; a hook that waits goes on in a task."""

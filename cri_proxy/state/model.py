@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar, cast
 
 from cri_proxy.cpu import ContainerInfo, PodInfo
 from cri_proxy.cpu.keys import ALLOCATION_ANNOTATIONS, QOS_LABEL
@@ -45,6 +46,8 @@ __all__ = [
     "PodRecord",
     "resources_bytes",
 ]
+
+T = TypeVar("T")
 
 CHANGE_LOG_MAX = 65536
 """Record ids `NodeState.changes` keeps (a reader further behind reads everything)."""
@@ -105,6 +108,14 @@ class NodeState:
         self._infos: dict[str, PodInfo] = {}  # sandbox id -> its PodInfo, while nothing of it changed
         self._stale: set[str] = set()  # sandbox ids whose PodInfo must be built again
         self._live: dict[str, dict[str, ContainerInfo]] = {}  # sandbox id -> its live containers, in order
+        # the ready pods' PodInfos in `_pods` order (the tuple `pod_infos` hands out), a pod's place
+        # in it; None: found again from `_pods` (a pod stopped or went: the places move)
+        self._ready_at: dict[str, int] | None = None
+        self._ready: list[PodInfo | None] = []
+        self._ready_view: tuple[PodInfo, ...] = ()
+        self._pod_gen = 0  # counts changes of the pods or the API views (not of containers)
+        self._troubled: set[str] = set()  # sandbox ids of the pods with problems
+        self._pod_read: dict[str, tuple[int, object]] = {}  # what was read of the pods, as of `_pod_gen`
         # the ids each change touched, in order (see `changes`); positions before the gap unknown
         self._log: list[str] = []
         self._log_start = 0  # position of _log[0]
@@ -137,7 +148,8 @@ class NodeState:
         """The rules' view: ready pods, each with its live containers (pending ones included).
 
         A pod's PodInfo is built again only when the pod, one of its containers or the API view
-        changed: one CreateContainer costs its pod, not every container of the node."""
+        changed, in its place: one CreateContainer (or a new pod) costs its pod, not the node. The
+        very same tuple comes back while nothing changed."""
         with self._lock:
             infos = self._infos
             if not self._indexed:
@@ -147,18 +159,56 @@ class NodeState:
                 self._indexed = True
                 infos.clear()
                 self._live.clear()
-            for sandbox_id in self._stale:
+                self._ready_at = None
+            stale, self._stale = self._stale, set()
+            for sandbox_id in stale:
                 infos.pop(sandbox_id, None)
-            self._stale.clear()
-            out = []
-            for p in self._pods.values():
-                if not p.ready:
-                    continue
-                info = infos.get(p.sandbox_id)
-                if info is None:
-                    info = infos[p.sandbox_id] = self._pod_info(p)
-                out.append(info)
-            return tuple(out)
+            at = self._ready_at
+            if at is None:
+                ready = [p for p in self._pods.values() if p.ready]
+                self._ready_at = {p.sandbox_id: i for i, p in enumerate(ready)}
+                self._ready = [infos.get(p.sandbox_id) or self._info(p) for p in ready]
+            elif stale:
+                for sandbox_id in stale:
+                    i = at.get(sandbox_id)
+                    if i is not None:
+                        self._ready[i] = self._info(self._pods[sandbox_id])
+            else:
+                return self._ready_view
+            self._ready_view = tuple(self._ready)  # type: ignore[arg-type]  # every place is filled
+            return self._ready_view
+
+    def _info(self, p: PodRecord) -> PodInfo:
+        info = self._infos[p.sandbox_id] = self._pod_info(p)
+        return info
+
+    def _pods_changed(self, moved: bool = True, appended: str | None = None) -> None:
+        """Pods changed (caller holds the lock). `moved`: which pods are ready, or in which order,
+        may have changed: their places are found again. `appended`: a new ready pod, last in
+        `_pods` order, takes the next place (it is stale: `pod_infos` fills it)."""
+        self._pod_gen += 1
+        if moved:
+            self._ready_at = None
+        elif appended is not None and self._ready_at is not None:
+            self._ready_at[appended] = len(self._ready)
+            self._ready.append(None)
+
+    def pod_problems(self) -> list[tuple[str, str]]:
+        """(pod key, what) for what could not be read cleanly of each ready pod, sorted."""
+        with self._lock:
+            found = (self._pods.get(sandbox_id) for sandbox_id in self._troubled)
+            return sorted(
+                (p.key, message) for p in found if p is not None and p.ready for message in p.problems
+            )
+
+    def _pods_read(self, what: str, read: Callable[[], T]) -> T:
+        """`read()`, done again only after the pods or the API views changed (caller holds the lock)."""
+        hit = self._pod_read.get(what)
+        if hit is not None and hit[0] == self._pod_gen:
+            return cast(T, hit[1])
+        value = read()
+        self._pod_read[what] = (self._pod_gen, value)
+        return value
 
     def _pod_info(self, p: PodRecord) -> PodInfo:
         labels, annotations = self._effective(p)
@@ -227,6 +277,8 @@ class NodeState:
         self._indexed = False
         self._infos.clear()
         self._live.clear()
+        self._troubled = {sid for sid, p in self._pods.items() if p.problems}
+        self._pods_changed()
 
     # -- the Kubernetes API view ----------------------------------------------------------------
     def _api_view_for(self, pod: PodRecord) -> ApiView | None:
@@ -247,19 +299,25 @@ class NodeState:
     def api_sourced(self) -> dict[str, str]:
         """Ready pods (`namespace/name`) whose QoS label or allocation the API view changed: what."""
         with self._lock:
-            out = {}
-            for p in self._pods.values():
-                view = self._api_view_for(p) if p.ready else None
-                if view is None:
-                    continue
-                what = []
-                if _pick(p.labels, API_LABELS) != view.labels:
-                    what.append("QoS label")
-                if _pick(p.annotations, API_ANNOTATIONS) != view.annotations:
-                    what.append("allocation")
-                if what:
-                    out[p.key] = " and ".join(what)
-            return out
+            return dict(self._pods_read("sourced", self._api_sourced))
+
+    def _api_sourced(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for p in self._pods.values() if self._api else ():
+            view = self._api_view_for(p) if p.ready else None
+            if view is None:
+                continue
+            what = []
+            if _pick(p.labels, API_LABELS) != view.labels:
+                what.append("QoS label")
+            if _pick(p.annotations, API_ANNOTATIONS) != view.annotations:
+                what.append("allocation")
+            if what:
+                out[p.key] = " and ".join(what)
+        return out
+
+    def has_api_view(self, uid: str) -> bool:
+        return uid in self._api
 
     def api_views(self) -> dict[str, ApiView]:
         with self._lock:
@@ -283,6 +341,7 @@ class NodeState:
             self._api_seq += 1
             self._api[uid] = ApiView(view_labels, view_annotations, resource_version, self._api_seq)
             self._infos.clear()
+            self._pods_changed()
             self._bump()
             return True
 
@@ -292,6 +351,7 @@ class NodeState:
             if self._api.pop(uid, None) is None:
                 return False
             self._infos.clear()
+            self._pods_changed()
             self._bump()
             return True
 
@@ -353,11 +413,20 @@ class NodeState:
 
     def put_pod(self, pod: PodRecord) -> None:
         with self._lock:
-            if self._pods.get(pod.sandbox_id) != pod:
-                if pod.sandbox_id not in self._pods:
+            old = self._pods.get(pod.sandbox_id)
+            if old != pod:
+                if old is None:
                     self._born[pod.sandbox_id] = self._api_seq
                 self._pods[pod.sandbox_id] = pod
                 self._stale.add(pod.sandbox_id)
+                if pod.problems:
+                    self._troubled.add(pod.sandbox_id)
+                else:
+                    self._troubled.discard(pod.sandbox_id)
+                if old is None:
+                    self._pods_changed(moved=False, appended=pod.sandbox_id if pod.ready else None)
+                else:
+                    self._pods_changed(moved=old.ready != pod.ready)
                 self._bump(pod.sandbox_id)
 
     def stop_pod(self, sandbox_id: str) -> bool:
@@ -368,6 +437,7 @@ class NodeState:
                 return False
             self._pods[sandbox_id] = replace(pod, ready=False)
             self._stale.add(sandbox_id)
+            self._pods_changed(moved=pod.ready)
             touched = [sandbox_id]
             for c in list(self._containers.values()):
                 if c.sandbox_id == sandbox_id and c.state in UPDATABLE_STATES:  # PENDING: its call says
@@ -384,7 +454,9 @@ class NodeState:
                 self._drop(c.id)
                 self._in_flight.pop(c.id, None)
             self._pods.pop(sandbox_id, None)
+            self._troubled.discard(sandbox_id)
             self._stale.add(sandbox_id)
+            self._pods_changed()
             self._live.pop(sandbox_id, None)
             self._born.pop(sandbox_id, None)
             self._bump(sandbox_id, *(c.id for c in gone))  # remembered even when unknown (see above)

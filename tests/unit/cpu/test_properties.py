@@ -26,7 +26,7 @@ from cri_proxy.cpu import (
     parse_kubelet_state,
     plan_to_json,
 )
-from cri_proxy.cpu.decide import DecideMemo
+from cri_proxy.cpu.decide import DecideMemo, may_move_pools
 from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
 
 CANONICAL = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -187,3 +187,65 @@ def test_a_memo_changes_no_plan(g: Generated, other: Generated, rnd: random.Rand
             differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
             assert differ <= memo.changed.ids()
         previous = plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(generated(), generated(), st.randoms(use_true_random=False))
+def test_a_memo_follows_pods_coming_and_going_at_the_end(
+    g: Generated, other: Generated, rnd: random.Random
+) -> None:
+    """The memo folds on from the last call's totals when the pods begin with its pods (all of
+    them, or all but the last): new pods at the end, the newest pod changed or gone, as the
+    kubelet's pods come and go. Any sequence of such changes (and others) gives the plan `decide`
+    gives without a memo, and `changed` names every container whose decision differs."""
+    memo = DecideMemo()
+    pods = list(g.inputs.pods)
+    spare = list(other.inputs.pods)
+    previous = decide(g.inputs, memo)
+    for _ in range(10):
+        step = rnd.choice(["append", "grow", "replace-last", "drop-last", "drop-any", "same", "kubelet"])
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "append" and spare:
+            pods.append(spare.pop(rnd.randrange(len(spare))))
+        elif step == "grow" and pods:
+            last = pods[-1]
+            extra = ContainerInfo(f"grown{rnd.randrange(1000)}", f"g{len(last.containers)}")
+            pods[-1] = replace(last, containers=(*last.containers, extra))
+        elif step == "replace-last" and pods and spare:
+            pods[-1] = spare.pop(rnd.randrange(len(spare)))
+        elif step == "drop-last" and pods:
+            pods.pop()
+        elif step == "drop-any" and pods:
+            pods.pop(rnd.randrange(len(pods)))
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "kubelet":
+            inputs = replace(inputs, kubelet=rnd.choice([other.inputs.kubelet, g.inputs.kubelet]))
+        plan = decide(inputs, memo)
+        assert plan == decide(inputs)
+        if memo.changed is not None:
+            ids = previous.containers.keys() | plan.containers.keys()
+            differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
+            assert differ <= memo.changed.ids()
+        previous = plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    generated(),
+    st.dictionaries(st.sampled_from([QOS_LABEL, "app", "tier"]), st.sampled_from(["LSE", "LSR", "BE", "x"])),
+    st.dictionaries(
+        st.sampled_from([RESOURCE_STATUS_ANNOTATION, "note"]), st.sampled_from(['{"cpuset": "0-1"}', "x"])
+    ),
+    st.sampled_from(CGROUPS),
+)
+def test_a_new_pod_that_may_not_move_the_pools_moves_no_decision(
+    g: Generated, labels: dict[str, str], annotations: dict[str, str], cgroup: str
+) -> None:
+    """`may_move_pools` False (the RunPodSandbox hook then asks for no pass): the pod, before it
+    has containers, changes neither the pools nor any other container's decision."""
+    pod = PodInfo("u-new", "new", "default", cgroup.format(u="u-new"), labels, annotations)
+    with_pod = decide(replace(g.inputs, pods=(*g.inputs.pods, pod)))
+    if not may_move_pools(labels, annotations):
+        before = decide(g.inputs)
+        assert with_pod.pools == before.pools
+        assert with_pod.containers == before.containers

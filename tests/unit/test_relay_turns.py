@@ -1,0 +1,195 @@
+"""What the frame relay's asyncio adapter writes, and when, for a hooked call (fake transports: the
+byte-level behaviour is tested against real sockets and containerd elsewhere). A pre hook that ends
+in the turn its request ended in lets the request's HEADERS and DATA leave in one write; a post hook
+runs in the turn the answer came in, after the answer is written, without a task of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+
+from cri_api.v1 import api_pb2 as pb
+from cri_proxy.config import Config
+from cri_proxy.relay.hooks import HookTable
+from cri_proxy.relay.transport import FrameRelay, Link
+from tests.unit.relay_support import run
+
+PATH = "/runtime.v1.RuntimeService/CreateContainer"
+
+
+class Transport:
+    """Records every write (one entry per `write`/`writelines` call) into a shared log."""
+
+    def __init__(self, name: str, log: list[tuple[str, bytes]]) -> None:
+        self.name, self.log = name, log
+
+    def write(self, data: bytes) -> None:
+        self.log.append((self.name, bytes(data)))
+
+    def writelines(self, chunks: Any) -> None:
+        self.log.append((self.name, b"".join(bytes(c) for c in chunks)))
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def frames(data: bytes) -> list[int]:
+    """The frame types in `data` (HTTP/2 frames, no preface)."""
+    out, at = [], 0
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at : at + 3], "big")
+        out.append(data[at + 3])
+        at += 9 + length
+    return out
+
+
+def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the_answer() -> None:
+    log: list[tuple[str, bytes]] = []
+
+    async def pre(request: Any, info: Any) -> Any:
+        request.config.linux.resources.cpuset_cpus = "0-1"
+        log.append(("pre", b""))
+        return request
+
+    async def post(request: Any, response: Any, info: Any) -> None:
+        log.append(("post", response.container_id.encode()))
+
+    async def main() -> None:
+        table = HookTable()
+        table.register("CreateContainer", pre=pre, post=post)
+        relay = FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table)
+        link = Link(relay)
+        link.client = Transport("client", log)  # type: ignore[assignment]
+        link.runtime_up(Transport("runtime", log))  # type: ignore[arg-type]
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        client.initiate_connection()
+        server.initiate_connection()
+        link.data_received(client.data_to_send())
+        link.core.receive_from_runtime(server.data_to_send())
+        link.flush()
+        for who, data in log:  # the handshake, both ways
+            (server if who == "runtime" else client).receive_data(data)
+        link.data_received(client.data_to_send())
+        link.core.receive_from_runtime(server.data_to_send())
+        link.flush()
+        log.clear()
+
+        request = pb.CreateContainerRequest(pod_sandbox_id="p", config=pb.ContainerConfig())
+        body = request.SerializeToString()
+        sid = client.get_next_available_stream_id()
+        client.send_headers(
+            sid,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", PATH),
+                (":authority", "x"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
+        client.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+        link.data_received(client.data_to_send())  # HEADERS and DATA in one read
+
+        to_runtime = [data for who, data in log if who == "runtime"]
+        assert [who for who, _ in log if who != "client"] == ["pre", "runtime"]
+        assert len(to_runtime) == 1 and frames(to_runtime[0]) == [1, 0]  # HEADERS, DATA: one write
+        events = server.receive_data(to_runtime[0])
+        sent = b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived))
+        assert pb.CreateContainerRequest.FromString(sent[5:]).config.linux.resources.cpuset_cpus == "0-1"
+
+        log.clear()
+        reply = pb.CreateContainerResponse(container_id="c1").SerializeToString()
+        server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+        server.send_data(sid, b"\0" + len(reply).to_bytes(4, "big") + reply)
+        server.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+        link.core.receive_from_runtime(server.data_to_send())
+        link.flush()  # what _RuntimeSide.data_received does
+        # the answer is written first, then the post hook has run, in this very turn
+        assert [who for who, _ in log] == ["client", "post"]
+        assert log[1][1] == b"c1"
+        assert not link.tasks
+
+    run(main())
+
+
+def test_credit_for_held_requests_comes_in_batches_and_the_client_never_runs_low() -> None:
+    """The connection credit owed to the client for hooked requests the relay held is batched (one
+    WINDOW_UPDATE per CREDIT_BATCH bytes, not one per call), and the client's window never drops by
+    more than a batch and a request: a client never waits for it."""
+    from cri_proxy.relay.core import CREDIT_BATCH
+
+    async def pre(request: Any, info: Any) -> Any:
+        return request
+
+    async def main() -> None:
+        log: list[tuple[str, bytes]] = []
+        table = HookTable()
+        table.register("CreateContainer", pre=pre)
+        relay = FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table)
+        link = Link(relay)
+        link.client = Transport("client", log)  # type: ignore[assignment]
+        link.runtime_up(Transport("runtime", log))  # type: ignore[arg-type]
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        client.initiate_connection()
+        server.initiate_connection()
+        server.increment_flow_control_window(1 << 20)  # a wide window, as grpc-go's server gives
+        link.data_received(client.data_to_send())
+        link.core.receive_from_runtime(server.data_to_send())
+        link.flush()
+        for who, data in log:
+            (server if who == "runtime" else client).receive_data(data)
+        link.data_received(client.data_to_send())
+        log.clear()
+        start = client.outbound_flow_control_window
+
+        body = pb.CreateContainerRequest(pod_sandbox_id="p" * 3000).SerializeToString()
+        lowest, updates, calls = start, 0, 100
+        for _ in range(calls):
+            sid = client.get_next_available_stream_id()
+            client.send_headers(
+                sid,
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", PATH),
+                    (":authority", "x"),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                ],
+            )
+            client.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+            lowest = min(lowest, client.outbound_flow_control_window)
+            link.data_received(client.data_to_send())
+            for who, data in log:  # the runtime never credits here: every credit is the relay's own
+                if who == "client":
+                    events = client.receive_data(data)
+                    updates += sum(
+                        isinstance(e, h2.events.WindowUpdated) and e.stream_id == 0 for e in events
+                    )
+                else:
+                    server.receive_data(data)
+            log.clear()
+        sent = calls * (len(body) + 5)
+        assert 0 < updates <= sent // CREDIT_BATCH + 1 < calls  # batched, not one per call
+        assert lowest >= start - CREDIT_BATCH - len(body) - 5
+        assert client.outbound_flow_control_window >= start - CREDIT_BATCH
+
+    run(main())
