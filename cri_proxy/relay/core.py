@@ -309,15 +309,18 @@ class LinkCore:
         else:
             end = frames[-1][1] if frames else off
         if start < end:
-            if start == 0 and end == len(buf) and isinstance(buf, bytes):
-                win.send(buf, 0, out)
+            chunk = buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end]
+            if win.backlog:
+                win.send(chunk, 0, out)
             else:
-                win.send(buf[start:end], 0, out)
+                out.append(chunk)  # what `win.send` does with no flow and nothing waiting
         self.c_split.keep(buf, end)
-        self._flush_own_r()
+        if self.own_r:
+            self._flush_own_r()
         if self.credit and self._credit_due():
             self._give_credit()
-        self._flush_own_c()
+        if self.own_c:
+            self._flush_own_c()
 
     def _client_headers(
         self, ftype: int, flags: int, sid: int, buf: Buf, at: int, end: int, now: float
@@ -390,15 +393,15 @@ class LinkCore:
         raw_path = header_value(headers, b":path")
         path = raw_path.decode("utf-8", "replace") if raw_path is not None else ""
         info = KNOWN.get(path)
-        st = Stream(sid)
-        self.streams[sid] = st
         if info is not None and info.shape is Shape.UNARY:
-            if self.observer is not None:
-                st.path, st.began, st.sent_at = path, now, now
+            st = Stream(sid, path, began=now, sent_at=now) if self.observer is not None else Stream(sid)
+            self.streams[sid] = st
             hooks = self.hooks(path)
             if hooks is not None and not block.end_stream:
                 st.hook = HookedRequest(info, hooks, self.win.initial_window)
                 st.hook.encoding = header_value(headers, b"grpc-encoding")
+        else:
+            self.streams[sid] = Stream(sid)
 
     def _hold(
         self, st: Stream, hook: HookedRequest, flags: int, buf: Buf, start: int, end: int, flow: int
@@ -681,7 +684,8 @@ class LinkCore:
         if start < end:
             out.append(buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end])
         self.r_split.keep(buf, end)
-        self._after()
+        if self.stalled or self.credit or self.own_r or self.own_c:
+            self._after()
 
     def _span(self, buf: Buf, start: int, at: int) -> None:
         """Write the passed-through frames before `at` (a frame of ours, or a changed one, follows)."""
@@ -692,14 +696,14 @@ class LinkCore:
         self, st: Stream, flags: int, buf: Buf, at: int, end: int, start: int, now: float
     ) -> bool:
         body = at + wire.HEADER_LEN
+        content: Buf | None = None  # the DATA's content, when needed
         if flags & wire.PADDED:
             try:
-                content: Buf = wire.unpad(flags, bytes(buf[body:end]))
+                content = wire.unpad(flags, bytes(buf[body:end]))
             except wire.FrameError:
                 return True  # the client will object; nothing of ours to do
             too_big = st.response.feed(content, 0, len(content), self.limits.message)
         else:
-            content = buf[body:end]
             too_big = st.response.feed(buf, body, end, self.limits.message)
         if too_big:
             self._span(buf, start, at)
@@ -715,7 +719,7 @@ class LinkCore:
             self._flush_own_c()
             return False
         if st.hook is not None and st.hook.hooks.post is not None and st.hook.request is not None:
-            st.hook.response += content
+            st.hook.response += buf[body:end] if content is None else content
         if flags & wire.END_STREAM:
             del self.streams[st.id]
             if st.hook is not None and st.hook.running:
@@ -736,9 +740,11 @@ class LinkCore:
             return
         decoded = block.decode()
         if block.end_stream:
-            self.dropping.discard(block.sid)
-            self._ended_while_decoding(block.sid)
-        st = self.streams.get(block.sid)
+            if self.dropping:
+                self.dropping.discard(sid)
+            if self.c_block.decoding:
+                self._ended_while_decoding(sid)
+        st = self.streams.get(sid)
         if st is None:
             return
         st.responded = True
@@ -768,7 +774,7 @@ class LinkCore:
             self._failed(hook, code)
 
     def _runtime_window(self, sid: int, buf: Buf, at: int, end: int, start: int) -> bool:
-        increment = wire.window_increment(bytes(buf[at + wire.HEADER_LEN : end]))
+        increment = wire.window_increment(buf[at + wire.HEADER_LEN : end])
         if sid != 0:
             st = self.streams.get(sid)
             if st is not None and st.hook is not None:

@@ -22,6 +22,7 @@ from cri_proxy.relay.hpackstep import DecodeError, StepDecoder
 from cri_proxy.relay.wire import Buf
 
 Headers: TypeAlias = list[tuple[bytes, bytes]]
+_PADDED_OR_PRIORITY = wire.PADDED | wire.PRIORITY_FLAG  # a HEADERS payload that is more than its fragment
 
 
 class BlockError(ValueError):
@@ -83,13 +84,19 @@ class HeaderBlocks:
         if self.open:
             raise BlockError("HEADERS frame inside an open header block")
         self.sid, self.end_stream = sid, bool(flags & wire.END_STREAM)
-        try:
-            fragment = wire.header_fragment(flags, bytes(payload)) if self.decoder is not None else b""
-        except wire.FrameError as exc:
-            raise BlockError(str(exc)) from exc
-        self.frags = [fragment] if fragment else []
-        self.size = len(payload)
-        self._check()
+        if self.decoder is None:
+            self.frags = []
+        elif flags & _PADDED_OR_PRIORITY:
+            try:
+                fragment = wire.header_fragment(flags, bytes(payload))
+            except wire.FrameError as exc:
+                raise BlockError(str(exc)) from exc
+            self.frags = [fragment] if fragment else []
+        else:
+            self.frags = [payload] if payload else []
+        size = self.size = len(payload)
+        if size > self.max_block:
+            self._check()
         self.open = not flags & wire.END_HEADERS
         return not self.open
 
@@ -120,9 +127,11 @@ class HeaderBlocks:
         if decoder is None:
             return None
         if not self.decoding:
-            data = b"".join(self.frags) if len(self.frags) != 1 else bytes(self.frags[0])
+            frags = self.frags
+            data = bytes(frags[0]) if len(frags) == 1 else b"".join(frags)
             self.frags = []
-            decoder.start(data, self.max_list, self.keep)
+            if decoder.start(data, self.max_list, self.keep, budget):
+                return decoder.fields, decoder.size  # a short block of references: at once
             self.decoding = True
         try:
             done = decoder.step(budget)

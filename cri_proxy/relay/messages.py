@@ -38,6 +38,13 @@ class Boundaries:
                 self.need -= take
                 at += take
                 continue
+            if not self.head and end - at >= PREFIX_LEN:  # a whole prefix here (the usual case)
+                size: int = _PREFIX.unpack_from(buf, at)[1]
+                at += PREFIX_LEN
+                if size > limit:
+                    return size
+                self.need = size
+                continue
             take = min(PREFIX_LEN - len(self.head), end - at)
             self.head += bytes(buf[at : at + take])
             at += take

@@ -178,7 +178,7 @@ def settings_pairs(payload: bytes) -> Iterator[tuple[int, int]]:
         yield struct.unpack_from(">HI", payload, offset)
 
 
-def window_increment(payload: bytes) -> int:
+def window_increment(payload: Buf) -> int:
     """The increment a WINDOW_UPDATE payload carries (0 when malformed: the peer will complain)."""
     if len(payload) != 4:
         return 0

@@ -16,6 +16,8 @@ import grpc.aio
 import hpack
 import pytest
 from google.protobuf.message import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
@@ -89,6 +91,28 @@ def test_grpc_message_prefix() -> None:
     assert messages.single(h2.grpc_message(b"a") + h2.grpc_message(b"b")) is None
     assert messages.single(b"\x00\x00") is None
     assert list(h2.settings_pairs(h2.settings(((4, 1 << 20), (5, 32768)))[9:])) == [(4, 1 << 20), (5, 32768)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(0, 300), max_size=8),
+    limit=st.integers(0, 40),
+)
+def test_message_boundaries_are_followed_across_any_cuts(
+    sizes: list[int], cuts: list[int], limit: int
+) -> None:
+    """Messages in DATA payloads cut anywhere (prefixes too): the first one over the limit is
+    named by its declared size as soon as its prefix is whole; under it, none is."""
+    stream = b"".join(h2.grpc_message(bytes([i]) * size) for i, size in enumerate(sizes))
+    bounds, frame_at, found = messages.Boundaries(), 0, 0
+    for cut in [*sorted({c % (len(stream) + 1) for c in cuts}), len(stream)]:
+        padded = b"junk" + stream[frame_at:cut] + b"tail"  # a payload within a bigger buffer
+        found = bounds.feed(padded, 4, 4 + cut - frame_at, limit)
+        frame_at = cut
+        if found:
+            break
+    assert found == next((size for size in sizes if size > limit), 0)
 
 
 def test_config_and_wiring_refuse_what_frames_mode_cannot_do(tmp_path: Any) -> None:

@@ -102,6 +102,107 @@ TestRoundTrip = RoundTrip.TestCase
 TestRoundTrip.settings = settings(max_examples=120, stateful_step_count=15, deadline=None)
 
 
+def outcome(dec: StepDecoder, block: bytes, budgets: list[int], **kw: object) -> object:
+    """What decoding `block` gives: (fields, size, count, over), or the error's text."""
+    try:
+        stepped(dec, block, budgets, **kw)
+    except DecodeError as exc:
+        return str(exc)
+    return dec.fields, dec.size, dec.count, dec.over
+
+
+class AtOnceAndStepped(RuleBasedStateMachine):
+    """A block of one-byte references decodes at once (or as remembered, when the same bytes come
+    again on an unchanged table) exactly as in small steps: same fields (kept names, limit), size,
+    count, errors and table, whatever the table holds and the receiver last allowed."""
+
+    @initialize(
+        keep=st.sampled_from(
+            [
+                None,
+                frozenset((b":path", b"grpc-encoding")),
+                frozenset((b"te",)),
+                frozenset((b":method", b"te")),  # a static entry: blocks start with references to it
+            ]
+        ),
+        max_list=st.sampled_from([1 << 62, 1 << 62, 100, 300, 2000]),
+    )
+    def setup(self, keep: frozenset[bytes] | None, max_list: int) -> None:
+        self.enc = hpack.Encoder()
+        self.at_once = StepDecoder()
+        self.in_steps = StepDecoder()
+        self.kw: dict[str, object] = {"keep": keep, "max_list": max_list}
+        self.sent: list[bytes] = []
+
+    def both(self, block: bytes, budgets: list[int]) -> None:
+        self.sent.append(block)
+        want = outcome(self.in_steps, block, budgets, **self.kw)
+        assert outcome(self.at_once, block, [1 << 62], **self.kw) == want
+
+    @rule(headers=fields, huffman=st.booleans(), budgets=st.lists(st.integers(1, 16), min_size=1))
+    def encoded(self, headers: list[tuple[bytes, bytes]], huffman: bool, budgets: list[int]) -> None:
+        """The library's encoder: new fields are literals that fill the table, known ones references."""
+        self.both(bytes(self.enc.encode(headers, huffman=huffman)), budgets)
+
+    @rule(
+        refs=st.lists(st.one_of(st.integers(0x80, 0xFF), st.integers(0xBE, 0xC8)), min_size=1, max_size=30),
+        budgets=st.lists(st.integers(1, 16), min_size=1),
+    )
+    def references(self, refs: list[int], budgets: list[int]) -> None:
+        """References of any one-byte index, some past the table or 0 (refused)."""
+        self.both(bytes(refs), budgets)
+
+    @rule(data=st.data(), budgets=st.lists(st.integers(1, 16), min_size=1))
+    def again(self, data: st.DataObject, budgets: list[int]) -> None:
+        """A block sent before, again (the table may have changed since)."""
+        if self.sent:
+            self.both(data.draw(st.sampled_from(self.sent)), budgets)
+
+    @rule(size=st.sampled_from([0, 60, 200, 4096, 8192]), encoder_follows=st.booleans())
+    def table_size(self, size: int, encoder_follows: bool) -> None:
+        """The receiver allows another table size; the encoder's next block may or may not shrink."""
+        self.at_once.max_allowed_table_size = self.in_steps.max_allowed_table_size = size
+        if encoder_follows:
+            self.enc.header_table_size = size
+
+    @invariant()
+    def tables_equal(self) -> None:
+        if hasattr(self, "at_once"):
+            assert entries(self.at_once) == entries(self.in_steps)
+            assert self.at_once.header_table.maxsize == self.in_steps.header_table.maxsize
+
+
+TestAtOnceAndStepped = AtOnceAndStepped.TestCase
+TestAtOnceAndStepped.settings = settings(max_examples=300, stateful_step_count=25, deadline=None)
+
+
+@pytest.mark.parametrize("keep", [None, frozenset((b"x-a",))])
+def test_a_block_seen_before_decodes_anew_once_its_entry_was_replaced(keep: frozenset[bytes] | None) -> None:
+    """A table with room for one entry: each new literal evicts the last, the table keeps its
+    length, and the same reference means another field."""
+    enc = hpack.Encoder()
+    enc.header_table_size = 60
+    dec = StepDecoder()
+    dec.max_allowed_table_size = 60
+    for value in (b"1", b"2", b"2", b"3"):
+        dec.decode(bytes(enc.encode([(b"x-a", value)])), keep=keep)
+        assert dec.decode(b"\xbe", keep=keep) == [(b"x-a", value)]
+        assert dec.decode(b"\xbe\xbe", keep=keep) == [(b"x-a", value)] * (1 if keep else 2)
+        assert dec.size == 2 * (3 + len(value) + 32)
+
+
+def test_a_block_that_starts_with_references_keeps_the_first_of_each_name_across_the_rest() -> None:
+    """The references a block starts with are decoded at once, the rest in steps: a name kept
+    from the first part is not kept again from the second."""
+    block = bytes(hpack.Encoder().encode([(b":method", b"GET"), (b":method", b"PATCH"), (b"te", b"x")]))
+    assert block[0] == 0x82  # a reference to the static `:method: GET`, then literals
+    dec = StepDecoder()
+    assert not dec.start(block, keep=frozenset((b":method", b"te")), budget=4096)
+    assert dec.step(4096)
+    assert dec.fields == [(b":method", b"GET"), (b"te", b"x")]
+    assert dec.count == 3
+
+
 def mutate(block: bytes, cuts: list[tuple[int, int]]) -> bytes:
     out = bytearray(block)
     for at, byte in cuts:

@@ -2,7 +2,8 @@
 a LinkCore, their bytes cut at random places and interleaved at random, requests hooked or not,
 hooks ending at random moments. Invariants: no exception escapes the core and neither peer ever
 sees a protocol error (so flow control and header blocks stay valid); each peer gets, in order,
-every byte it is owed; the HPACK tables of each pair stay equal; held bytes stay within bound."""
+every byte it is owed; the HPACK tables of each pair stay equal; every call is measured with the
+path its client sent and the status its runtime sent; held bytes stay within bound."""
 
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ _GOOD_BLOCK = b"".join(
 )
 
 
+def status(sid: int) -> str:
+    """The runtime's grpc-status for a stream: often 0 (the same block again), else one of its own."""
+    return "0" if sid % 3 else str(100 + sid)
+
+
 def framed(body: bytes) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
@@ -52,7 +58,12 @@ def framed(body: bytes) -> bytes:
 class Link(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.core = LinkCore(lambda path: HOOKS if path == CREATE else None, LIMITS)
+        self.observed: list[tuple[str, int]] = []  # (path, code) of each call the core measured
+        self.core = LinkCore(
+            lambda path: HOOKS if path == CREATE else None,
+            LIMITS,
+            observer=lambda path, code, total, upstream: self.observed.append((path, code)),
+        )
         cfg = dict(header_encoding=None, validate_inbound_headers=False)
         self.client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, **cfg))
         self.server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, **cfg))
@@ -279,7 +290,7 @@ class Link(RuleBasedStateMachine):
             self.r_unsent[sid] = body
             return
         del self.r_unsent[sid]
-        self.server.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+        self.server.send_headers(sid, [("grpc-status", status(sid))], end_stream=True)
 
     @rule()
     def runtime_continues(self) -> None:
@@ -310,9 +321,28 @@ class Link(RuleBasedStateMachine):
         for sid in self.refused:
             if sid in self.statuses:
                 assert self.statuses[sid] == b"7"
-        for sid, status in self.statuses.items():
+        for sid, got_status in self.statuses.items():
             if sid not in self.refused:
-                assert status == b"0"
+                assert got_status == status(sid).encode()
+
+    @invariant()
+    def calls_measured_as_sent(self) -> None:
+        """The core reads each request's path and each answer's grpc-status right (a code over 100
+        names its stream), however the two HPACK tables have changed."""
+        for path, code in self.observed:
+            if code >= 100:
+                sid = code - 100
+                assert path == (CREATE if sid in self.hooked else VERSION), f"stream {sid}: path {path}"
+                assert sid in self.responses, f"stream {sid}: measured with a status it was not sent"
+            else:  # OK, or a code of the core's own (cancelled, refused, too big, runtime gone)
+                assert path in (CREATE, VERSION) and code in (OK, 1, 7, 8, 14), (path, code)
+        answered_ok = 0
+        for sid, got_status in self.statuses.items():
+            if sid not in self.refused and int(got_status) >= 100:
+                path = CREATE if sid in self.hooked else VERSION
+                assert (path, int(got_status)) in self.observed, f"stream {sid}: not measured"
+            answered_ok += sid not in self.refused and got_status == b"0"
+        assert sum(code == OK for _, code in self.observed) >= answered_ok
 
     @invariant()
     def hpack_tables_in_sync(self) -> None:

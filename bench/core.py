@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""The frame relay's own CPU per tiny call: its sans-IO link core fed from memory, no sockets.
+
+An h2 client and server (the `h2` library) make `--calls` unary Version calls through nothing but
+bytes: each call's client bytes (request HEADERS + DATA, then the WINDOW_UPDATEs for the answer)
+and runtime bytes (response HEADERS, DATA, trailers, WINDOW_UPDATEs) are recorded once, then fed to
+a fresh LinkCore (`receive_from_client`/`take_runtime`, `receive_from_runtime`/`take_client`)
+`--repeat` times; it prints the best and median CPU microseconds per call. What it leaves out is the
+two Unix-socket hops and the event loop (bench/relay.py measures the whole proxy).
+
+    .venv/bin/python bench/core.py                  # ~1 s
+    .venv/bin/python bench/core.py --vary-timeout   # a new grpc-timeout value per call (grpc-go's way)
+    .venv/bin/python bench/core.py --profile        # cProfile of one run, by own time
+    .venv/bin/python bench/core.py --against /tmp/main   # before/after: another checkout's core too
+
+With `--against DIR` (e.g. `git worktree add /tmp/main main`) the core of that checkout is measured
+as well, in a child process, in turns with this one (`--rounds`), and the ratio of the two best
+figures is printed: this checkout / DIR. By default the core has an observer (as `serve` with
+metrics has) and decodes both directions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import h2.config
+import h2.connection
+
+if TYPE_CHECKING:
+    from cri_proxy.relay.core import LinkCore
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = "/runtime.v1.RuntimeService/Version"
+CREATE = "/runtime.v1.RuntimeService/CreateContainer"
+Call = tuple[bytes, bytes]  # (the client's bytes, the runtime's bytes) of one call
+
+
+def conversation(calls: int, vary_timeout: bool) -> tuple[Call, list[Call]]:
+    """(the connection's opening bytes, then each call's), as an h2 client and server write them."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    client.initiate_connection()
+    server.initiate_connection()
+    c_open = client.data_to_send()
+    server.receive_data(c_open)
+    r_open = server.data_to_send()
+    client.receive_data(r_open)
+    c_ack = client.data_to_send()
+    server.receive_data(c_ack)
+    opening = (c_open + c_ack, r_open + server.data_to_send())
+    out: list[Call] = []
+    for i in range(calls):
+        sid = client.get_next_available_stream_id()
+        timeout = f"{1_999_000 - i}u" if vary_timeout else "2S"
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", VERSION),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("user-agent", "grpc-go/1.59.0"),
+            ("grpc-timeout", timeout),
+        ]
+        client.send_headers(sid, headers)
+        client.send_data(sid, b"\0\0\0\0\4\n\2v1", end_stream=True)
+        request = client.data_to_send()
+        server.receive_data(request)
+        server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+        server.send_data(sid, b"\0\0\0\0\x20" + b"x" * 32)
+        server.send_headers(sid, [("grpc-status", "0"), ("grpc-message", "")], end_stream=True)
+        response = server.data_to_send()
+        client.receive_data(response)
+        client.increment_flow_control_window(37)
+        server.increment_flow_control_window(9)
+        c_more, r_more = client.data_to_send(), server.data_to_send()
+        server.receive_data(c_more)
+        client.receive_data(r_more)
+        out.append((request + c_more, response + r_more))
+    return opening, out
+
+
+def new_core(opening: Call, observe: bool) -> LinkCore:
+    """A core past the connection's opening, hooking CreateContainer as `serve` does."""
+    from cri_proxy.relay.core import Limits, LinkCore
+    from cri_proxy.relay.hooks import Hooks
+
+    async def post(*_: object) -> None:
+        return None
+
+    measured: list[tuple[str, int, float, float]] = []
+
+    def observer(path: str, code: int, total: float, upstream: float) -> None:
+        measured.append((path, code, total, upstream))
+        if len(measured) > 1000:
+            measured.clear()
+
+    core = LinkCore(
+        lambda path: Hooks(post=post) if path == CREATE else None,
+        Limits(),
+        observer=observer if observe else None,
+        decode_runtime=True,
+    )
+    core.receive_from_client(opening[0], 1.0)
+    core.take_runtime()
+    core.receive_from_runtime(opening[1], 1.0)
+    core.take_client()
+    return core
+
+
+def run(core: LinkCore, calls: list[Call]) -> float:
+    """CPU seconds of this process to relay every call once (CPU, not wall time: the figure holds
+    on a busy machine, where the process waits for a core now and then)."""
+    now = 1.0
+    began = time.process_time()
+    for request, response in calls:
+        core.receive_from_client(request, now)
+        core.take_runtime()
+        core.receive_from_runtime(response, now + 0.0004)
+        core.take_client()
+    return time.process_time() - began
+
+
+def measure(args: argparse.Namespace) -> list[float]:
+    """CPU µs per call of each of `--repeat` runs, each on a fresh core."""
+    opening, calls = conversation(args.calls, args.vary_timeout)
+    return [
+        run(new_core(opening, not args.no_observer), calls) / len(calls) * 1e6 for _ in range(args.repeat)
+    ]
+
+
+def measure_in(root: Path, args: argparse.Namespace) -> list[float]:
+    """The same runs with the core of the checkout at `root`, in a child process."""
+    argv = [sys.executable, __file__, "--root", str(root), "--figures"]
+    argv += ["--calls", str(args.calls), "--repeat", str(args.repeat)]
+    argv += ["--vary-timeout"] * args.vary_timeout + ["--no-observer"] * args.no_observer
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return [float(line) for line in out.split()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000, help="calls per run (default 2000)")
+    ap.add_argument("--repeat", type=int, default=15, help="runs, each on a fresh core (default 15)")
+    ap.add_argument("--vary-timeout", action="store_true", help="a new grpc-timeout value per call")
+    ap.add_argument("--no-observer", action="store_true", help="no metrics observer on the core")
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of one run instead")
+    ap.add_argument("--against", type=Path, help="another checkout whose core is measured in turns")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of each with --against (default 3)")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose core is measured")
+    ap.add_argument("--figures", action="store_true", help="print each run's figure only")
+    args = ap.parse_args()
+    sys.path.insert(0, str(args.root.resolve()))
+    if args.profile:
+        opening, calls = conversation(args.calls, args.vary_timeout)
+        core = new_core(opening, not args.no_observer)
+        profile = cProfile.Profile()
+        profile.runcall(run, core, calls)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return
+    if args.figures:
+        print("\n".join(f"{x:.3f}" for x in measure(args)))
+        return
+    here: list[float] = []
+    there: list[float] = []
+    for _ in range(args.rounds if args.against else 1):
+        here += measure(args)
+        if args.against:
+            there += measure_in(args.against, args)
+    shape = (
+        f"{'varying' if args.vary_timeout else 'fixed'} grpc-timeout,"
+        f" {'with' if not args.no_observer else 'no'} observer"
+    )
+    line = f"link core, {args.calls} Version calls x{len(here)} ({shape}): CPU per call"
+    line += f" best {min(here):.1f} µs, median {statistics.median(here):.1f} µs"
+    if args.against:
+        line += (
+            f" | {args.against}: best {min(there):.1f} µs, median {statistics.median(there):.1f} µs"
+            f" | ratio (best) {min(here) / min(there):.2f}"
+        )
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
