@@ -330,8 +330,9 @@ def main() -> None:
         big_pod = populate(proxy_address, 1, 256, annotation_bytes=BIG_ANNOTATION, label="big")
         big = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=big_pod)).SerializeToString()
         measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
-        hooked_create(direct, proxy, args.creates, metrics)
-        hooked_create(direct, proxy, args.creates, metrics, pod_each=True)
+        if args.creates:
+            hooked_create(direct, proxy, args.creates, metrics)
+            hooked_create(direct, proxy, args.creates, metrics, pod_each=True)
         print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
     finally:
         stop_all(procs)
