@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import TypeVar, cast
 
 from cri_proxy.cpu import ContainerInfo, PodInfo
 from cri_proxy.cpu.keys import ALLOCATION_ANNOTATIONS, QOS_LABEL
@@ -46,8 +45,6 @@ __all__ = [
     "PodRecord",
     "resources_bytes",
 ]
-
-T = TypeVar("T")
 
 CHANGE_LOG_MAX = 65536
 """Record ids `NodeState.changes` keeps (a reader further behind reads everything)."""
@@ -115,7 +112,7 @@ class NodeState:
         self._ready_view: tuple[PodInfo, ...] = ()
         self._pod_gen = 0  # counts changes of the pods or the API views (not of containers)
         self._troubled: set[str] = set()  # sandbox ids of the pods with problems
-        self._pod_read: dict[str, tuple[int, object]] = {}  # what was read of the pods, as of `_pod_gen`
+        self._sourced: tuple[int, dict[str, str]] = (-1, {})  # `api_sourced` as of `_pod_gen`
         # the ids each change touched, in order (see `changes`); positions before the gap unknown
         self._log: list[str] = []
         self._log_start = 0  # position of _log[0]
@@ -200,15 +197,6 @@ class NodeState:
             return sorted(
                 (p.key, message) for p in found if p is not None and p.ready for message in p.problems
             )
-
-    def _pods_read(self, what: str, read: Callable[[], T]) -> T:
-        """`read()`, done again only after the pods or the API views changed (caller holds the lock)."""
-        hit = self._pod_read.get(what)
-        if hit is not None and hit[0] == self._pod_gen:
-            return cast(T, hit[1])
-        value = read()
-        self._pod_read[what] = (self._pod_gen, value)
-        return value
 
     def _pod_info(self, p: PodRecord) -> PodInfo:
         labels, annotations = self._effective(p)
@@ -299,7 +287,9 @@ class NodeState:
     def api_sourced(self) -> dict[str, str]:
         """Ready pods (`namespace/name`) whose QoS label or allocation the API view changed: what."""
         with self._lock:
-            return dict(self._pods_read("sourced", self._api_sourced))
+            if self._sourced[0] != self._pod_gen:  # read again only after pods or API views changed
+                self._sourced = (self._pod_gen, self._api_sourced())
+            return dict(self._sourced[1])
 
     def _api_sourced(self) -> dict[str, str]:
         out: dict[str, str] = {}
