@@ -229,12 +229,20 @@ class EnforceHooks:
                     api_version=info.version,
                 )
             )
-        self.state.update_container(
-            cid,
-            resources=resources_bytes(req.config.linux.resources),
-            applied=canonical_cpuset(req.config.linux.resources.cpuset_cpus),
-        )
-        self.reconciler.request()
+        resources = req.config.linux.resources
+        applied = canonical_cpuset(resources.cpuset_cpus)
+        self.state.update_container(cid, resources=resources_bytes(resources), applied=applied)
+        if not renamed or not self._as_decided(cid, applied):
+            self.reconciler.request()
+
+    def _as_decided(self, container_id: str, applied: str) -> bool:
+        """Whether a container just created has what the plan decides now, on a node without
+        exclusive containers (whose overlaps a pass reports): then no pass has anything to do."""
+        plan = self.policy.plan()
+        if plan.exclusive is None or plan.exclusive:
+            return False
+        decision = plan.containers.get(container_id)
+        return decision is not None and (decision.cpuset is None or str(decision.cpuset) == applied)
 
     async def create_failed(self, request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
         req: Any = request
