@@ -49,9 +49,8 @@ def real_cpus(c: ContainerRecord, online: CPUSet) -> CPUSet | None:
 def overlaps(
     plan: Plan, pods: Mapping[str, PodRecord], containers: Iterable[ContainerRecord], online: CPUSet
 ) -> list[Overlap]:
-    """Every live exclusive container whose CPUs others are still on, with those others named."""
-    if plan.exclusive is not None and not plan.exclusive:
-        return []  # the common node: no exclusive container at all, nothing to compare
+    """Every live exclusive container whose CPUs others are still on, with those others named.
+    (`Policy` asks only when the plan has exclusive containers: the common node has none.)"""
     items = list(containers)
     exclusive = []
     for c in items:

@@ -142,7 +142,7 @@ class Policy:
 
     def _overlaps(self, plan: Plan) -> list[Overlap]:
         if plan.exclusive is not None and not plan.exclusive:
-            return []  # the common node: no exclusive container, no records to read
+            return []  # the common node: no exclusive container, nothing to compare, no records to read
         _, pods, containers = self.state.snapshot()
         return overlaps(plan, {p.sandbox_id: p for p in pods}, containers, self.topology.online)
 
