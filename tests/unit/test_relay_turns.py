@@ -58,6 +58,50 @@ def frames(data: bytes) -> list[int]:
     return out
 
 
+def connected(
+    table: HookTable, log: list[tuple[str, bytes]], window: int = 0
+) -> tuple[Link, h2.connection.H2Connection, h2.connection.H2Connection]:
+    """A Link between an h2 client and an h2 server (the runtime) on recording transports, the
+    handshake done both ways; `window`: more connection window the server gives at once."""
+    link = Link(FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table))
+    link.client = Transport("client", log)  # type: ignore[assignment]
+    link.runtime_up(Transport("runtime", log))  # type: ignore[arg-type]
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    client.initiate_connection()
+    server.initiate_connection()
+    if window:
+        server.increment_flow_control_window(window)
+    link.data_received(client.data_to_send())
+    link.core.receive_from_runtime(server.data_to_send())
+    link.flush()
+    for who, data in log:
+        (server if who == "runtime" else client).receive_data(data)
+    link.data_received(client.data_to_send())
+    link.core.receive_from_runtime(server.data_to_send())
+    link.flush()
+    log.clear()
+    return link, client, server
+
+
+def send_create(client: h2.connection.H2Connection, body: bytes) -> int:
+    """A CreateContainer request with `body`, HEADERS and DATA queued on `client`: its stream id."""
+    sid: int = client.get_next_available_stream_id()
+    client.send_headers(
+        sid,
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", PATH),
+            (":authority", "x"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ],
+    )
+    client.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+    return sid
+
+
 def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the_answer() -> None:
     log: list[tuple[str, bytes]] = []
 
@@ -72,39 +116,9 @@ def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the
     async def main() -> None:
         table = HookTable()
         table.register("CreateContainer", pre=pre, post=post)
-        relay = FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table)
-        link = Link(relay)
-        link.client = Transport("client", log)  # type: ignore[assignment]
-        link.runtime_up(Transport("runtime", log))  # type: ignore[arg-type]
-        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        client.initiate_connection()
-        server.initiate_connection()
-        link.data_received(client.data_to_send())
-        link.core.receive_from_runtime(server.data_to_send())
-        link.flush()
-        for who, data in log:  # the handshake, both ways
-            (server if who == "runtime" else client).receive_data(data)
-        link.data_received(client.data_to_send())
-        link.core.receive_from_runtime(server.data_to_send())
-        link.flush()
-        log.clear()
-
+        link, client, server = connected(table, log)
         request = pb.CreateContainerRequest(pod_sandbox_id="p", config=pb.ContainerConfig())
-        body = request.SerializeToString()
-        sid = client.get_next_available_stream_id()
-        client.send_headers(
-            sid,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", PATH),
-                (":authority", "x"),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-            ],
-        )
-        client.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+        sid = send_create(client, request.SerializeToString())
         link.data_received(client.data_to_send())  # HEADERS and DATA in one read
 
         to_runtime = [data for who, data in log if who == "runtime"]
@@ -142,40 +156,13 @@ def test_credit_for_held_requests_comes_in_batches_and_the_client_never_runs_low
         log: list[tuple[str, bytes]] = []
         table = HookTable()
         table.register("CreateContainer", pre=pre)
-        relay = FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table)
-        link = Link(relay)
-        link.client = Transport("client", log)  # type: ignore[assignment]
-        link.runtime_up(Transport("runtime", log))  # type: ignore[arg-type]
-        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        client.initiate_connection()
-        server.initiate_connection()
-        server.increment_flow_control_window(1 << 20)  # a wide window, as grpc-go's server gives
-        link.data_received(client.data_to_send())
-        link.core.receive_from_runtime(server.data_to_send())
-        link.flush()
-        for who, data in log:
-            (server if who == "runtime" else client).receive_data(data)
-        link.data_received(client.data_to_send())
-        log.clear()
+        link, client, server = connected(table, log, window=1 << 20)  # as wide as grpc-go's server gives
         start = client.outbound_flow_control_window
 
         body = pb.CreateContainerRequest(pod_sandbox_id="p" * 3000).SerializeToString()
         lowest, updates, calls = start, 0, 100
         for _ in range(calls):
-            sid = client.get_next_available_stream_id()
-            client.send_headers(
-                sid,
-                [
-                    (":method", "POST"),
-                    (":scheme", "http"),
-                    (":path", PATH),
-                    (":authority", "x"),
-                    ("content-type", "application/grpc"),
-                    ("te", "trailers"),
-                ],
-            )
-            client.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+            send_create(client, body)
             lowest = min(lowest, client.outbound_flow_control_window)
             link.data_received(client.data_to_send())
             for who, data in log:  # the runtime never credits here: every credit is the relay's own
