@@ -346,9 +346,13 @@ class Interleavings(RuleBasedStateMachine):
     @invariant()
     def open_calls_keep_their_place(self) -> None:
         """A CreateContainer not answered yet keeps its pending record (its CPUs count) until the
-        container it made is known (while its sandbox exists)."""
+        container it made is known (while its sandbox exists, and while the runtime still has that
+        container: one removed at the runtime behind the proxy's back is rightly forgotten by the
+        next listing, call answered or not)."""
         for call in self.calls:
             if call.sid not in self.runtime.pods:
+                continue
+            if call.created is not None and call.created not in self.runtime.containers:
                 continue
             assert self.state.container(call.pending_id) is not None or (
                 call.created is not None and self.state.container(call.created) is not None
