@@ -1,21 +1,27 @@
 """What the frame relay's asyncio adapter writes, and when, for a hooked call (fake transports: the
 byte-level behaviour is tested against real sockets and containerd elsewhere). A pre hook that ends
 in the turn its request ended in lets the request's HEADERS and DATA leave in one write; a post hook
-runs in the turn the answer came in, after the answer is written, without a task of its own."""
+runs in the turn the answer came in, after the answer is written, without a task of its own. The
+last test checks on real sockets, under both event loops, that "written" means in the client's
+socket already (both loops make the write's system call at once when nothing waits to be sent)."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 
 from cri_api.v1 import api_pb2 as pb
 from cri_proxy.config import Config
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.transport import FrameRelay, Link
-from tests.unit.relay_support import run
+from tests.unit.relay_support import bed, run
 
 PATH = "/runtime.v1.RuntimeService/CreateContainer"
 
@@ -180,3 +186,74 @@ def test_credit_for_held_requests_comes_in_batches_and_the_client_never_runs_low
         assert client.outbound_flow_control_window >= start - CREDIT_BATCH
 
     run(main())
+
+
+def _loops() -> list[Any]:
+    loops: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return loops
+    return [*loops, pytest.param(uvloop.new_event_loop, id="uvloop")]
+
+
+@pytest.mark.parametrize("new_loop", _loops())
+def test_the_answer_reaches_the_client_socket_before_the_post_hook_runs(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """On real sockets: when the post hook starts, the whole answer is already in the client's
+    socket (a peek finds the stream's end there). Work done after the answer must not delay it."""
+    found: list[bytes] = []
+    peer: list[socket.socket] = []
+
+    async def post(request: Any, response: Any, info: Any) -> None:
+        try:
+            found.append(peer[0].recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            found.append(b"")
+
+    async def main() -> None:
+        table = HookTable()
+        table.register("Version", post=post)
+        async with bed(table) as b:
+            loop = asyncio.get_running_loop()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            peer.append(sock)
+            await loop.sock_connect(sock, b.proxy_endpoint.removeprefix("unix://"))
+            client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            client.initiate_connection()
+            await loop.sock_sendall(sock, client.data_to_send())
+            settled = False
+            while not settled:  # the proxy's SETTINGS (and the runtime's), acknowledged
+                events = client.receive_data(await loop.sock_recv(sock, 1 << 16))
+                settled = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in events)
+                await loop.sock_sendall(sock, client.data_to_send())
+            sid = client.get_next_available_stream_id()
+            client.send_headers(
+                sid,
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", "/runtime.v1.RuntimeService/Version"),
+                    (":authority", "x"),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                ],
+            )
+            client.send_data(sid, b"\0\0\0\0\0", end_stream=True)
+            await loop.sock_sendall(sock, client.data_to_send())
+            for _ in range(500):
+                if found:
+                    break
+                await asyncio.sleep(0.01)
+            assert found, "the post hook never ran"
+            events = client.receive_data(found[0])
+            assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == sid for e in events)
+            sock.close()
+
+    loop = new_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
