@@ -87,6 +87,9 @@ class Link(RuleBasedStateMachine):
         self.answered: dict[int, bytearray] = {}  # client: response bytes per stream
         self.statuses: dict[int, bytes] = {}
         self.pres: list[int] = []  # pre hooks asked for, not yet ended
+        self.runtime_pinged: list[bytes] = []  # the runtime's PING payloads, in order
+        self.runtime_acked: list[bytes] = []  # ... the ACKs it got back
+        self.client_pinged: list[bytes] = []  # PINGs the client got (the runtime's are answered)
         # SETTINGS not yet acknowledged (h2 mishandles a table size change while another is pending,
         # even between two h2 peers directly: one at a time)
         self.client_settings_pending = 1
@@ -150,6 +153,8 @@ class Link(RuleBasedStateMachine):
                 self.reset_at_runtime.add(event.stream_id)
             elif isinstance(event, h2.events.SettingsAcknowledged):
                 self.runtime_settings_pending -= 1
+            elif isinstance(event, h2.events.PingAckReceived):
+                self.runtime_acked.append(event.ping_data)
             elif isinstance(event, h2.events.ConnectionTerminated):
                 raise AssertionError(f"runtime got GOAWAY: {event}")
         self._pump_out()
@@ -168,6 +173,8 @@ class Link(RuleBasedStateMachine):
                         self.statuses[event.stream_id] = value
             elif isinstance(event, h2.events.SettingsAcknowledged):
                 self.client_settings_pending -= 1
+            elif isinstance(event, h2.events.PingReceived):
+                self.client_pinged.append(event.ping_data)
             elif isinstance(event, h2.events.ConnectionTerminated):
                 raise AssertionError(f"client got GOAWAY: {event}")
         self._pump_out()
@@ -248,6 +255,14 @@ class Link(RuleBasedStateMachine):
         self.client.ping(b"pingpong")
         self._pump_out()
 
+    @rule(n=st.integers(0, 255))
+    def runtime_pings(self, n: int) -> None:
+        """As grpc-go does on each request it reads: the proxy, the runtime's peer, answers."""
+        payload = bytes([n]) * 8
+        self.server.ping(payload)
+        self.runtime_pinged.append(payload)
+        self._pump_out()
+
     @precondition(lambda self: bool(self.pres))
     @rule(data=st.data(), change=st.booleans(), refuse=st.booleans())
     def hook_ends(self, data: st.DataObject, change: bool, refuse: bool) -> None:
@@ -324,6 +339,15 @@ class Link(RuleBasedStateMachine):
         for sid, got_status in self.statuses.items():
             if sid not in self.refused:
                 assert got_status == status(sid).encode()
+
+    @invariant()
+    def runtime_pings_answered_by_the_proxy(self) -> None:
+        """Each of the runtime's PINGs gets its ACK, in order, once its bytes reached the proxy;
+        the client sees none of them (PING is hop-by-hop)."""
+        assert self.runtime_acked == self.runtime_pinged[: len(self.runtime_acked)]
+        assert not self.client_pinged
+        if not self.r2p and not self.p2r and not self.c2p:
+            assert self.runtime_acked == self.runtime_pinged
 
     @invariant()
     def calls_measured_as_sent(self) -> None:
