@@ -8,10 +8,8 @@ Fed bytes from either side (`receive_from_client`, `receive_from_runtime`), the 
 Frames pass through unchanged, so SETTINGS, PING, WINDOW_UPDATE, GOAWAY and stream ids are the
 two peers' own from the first byte. The core adds frames of its own only: a hooked request's DATA
 (within the runtime's windows), WINDOW_UPDATEs for request bytes it holds, RST_STREAM and status
-HEADERS of calls it ends, GOAWAY when it cuts a client off, and the ACK of the runtime's PINGs:
-PING is hop-by-hop, and grpc-go probes its window with one for every request it reads, so the
-runtime's PINGs are answered here (the client never sees them; the client's go to the runtime).
-Those never touch either side's HPACK dynamic table and never go inside an open header block.
+HEADERS of calls it ends, and GOAWAY when it cuts a client off. Those never touch either side's
+HPACK dynamic table and never go inside an open header block.
 
 Protocol errors: what the runtime would reject (bad preface, oversized frame, broken header
 block) is passed to the runtime, which answers with its own error code and scope; the client's
@@ -676,11 +674,6 @@ class LinkCore:
                 self._ended_while_decoding(sid)
             elif ftype == wire.GOAWAY:
                 keep = self._runtime_goaway(buf, at, end, start)
-            elif ftype == wire.PING and not flags & wire.ACK and not sid and end - at == wire.PING_LEN:
-                self._span(buf, start, at)  # answered here; a malformed one goes on for the client to judge
-                payload = bytes(buf[at + wire.HEADER_LEN : end])
-                self._own_to_runtime(wire.frame(wire.PING, wire.ACK, 0, payload))
-                keep = False
             if not keep:
                 start = end
             elif self.own_c and not self.r_block.open:

@@ -16,7 +16,6 @@ Buf: TypeAlias = bytes | bytearray
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER_LEN = 9
-PING_LEN = HEADER_LEN + 8  # a well-formed PING frame
 
 # frame types (RFC 9113 section 6)
 DATA = 0x0
