@@ -226,7 +226,9 @@ def test_the_answer_reaches_the_client_socket_before_the_post_hook_runs(
             await loop.sock_sendall(sock, client.data_to_send())
             settled = False
             while not settled:  # the proxy's SETTINGS (and the runtime's), acknowledged
-                events = client.receive_data(await loop.sock_recv(sock, 1 << 16))
+                data = await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 5)
+                assert data, "the proxy closed the connection"
+                events = client.receive_data(data)
                 settled = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in events)
                 await loop.sock_sendall(sock, client.data_to_send())
             sid = client.get_next_available_stream_id()
