@@ -90,15 +90,16 @@ def connected(
     return link, client, server
 
 
-def send_create(client: h2.connection.H2Connection, body: bytes) -> int:
-    """A CreateContainer request with `body`, HEADERS and DATA queued on `client`: its stream id."""
+def send_call(client: h2.connection.H2Connection, body: bytes, path: str = PATH) -> int:
+    """A request to `path` (CreateContainer) with `body`, HEADERS and DATA queued on `client`: its
+    stream id."""
     sid: int = client.get_next_available_stream_id()
     client.send_headers(
         sid,
         [
             (":method", "POST"),
             (":scheme", "http"),
-            (":path", PATH),
+            (":path", path),
             (":authority", "x"),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
@@ -124,7 +125,7 @@ def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the
         table.register("CreateContainer", pre=pre, post=post)
         link, client, server = connected(table, log)
         request = pb.CreateContainerRequest(pod_sandbox_id="p", config=pb.ContainerConfig())
-        sid = send_create(client, request.SerializeToString())
+        sid = send_call(client, request.SerializeToString())
         link.data_received(client.data_to_send())  # HEADERS and DATA in one read
 
         to_runtime = [data for who, data in log if who == "runtime"]
@@ -168,7 +169,7 @@ def test_credit_for_held_requests_comes_in_batches_and_the_client_never_runs_low
         body = pb.CreateContainerRequest(pod_sandbox_id="p" * 3000).SerializeToString()
         lowest, updates, calls = start, 0, 100
         for _ in range(calls):
-            send_create(client, body)
+            send_call(client, body)
             lowest = min(lowest, client.outbound_flow_control_window)
             link.data_received(client.data_to_send())
             for who, data in log:  # the runtime never credits here: every credit is the relay's own
@@ -231,19 +232,7 @@ def test_the_answer_reaches_the_client_socket_before_the_post_hook_runs(
                 events = client.receive_data(data)
                 settled = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in events)
                 await loop.sock_sendall(sock, client.data_to_send())
-            sid = client.get_next_available_stream_id()
-            client.send_headers(
-                sid,
-                [
-                    (":method", "POST"),
-                    (":scheme", "http"),
-                    (":path", "/runtime.v1.RuntimeService/Version"),
-                    (":authority", "x"),
-                    ("content-type", "application/grpc"),
-                    ("te", "trailers"),
-                ],
-            )
-            client.send_data(sid, b"\0\0\0\0\0", end_stream=True)
+            sid = send_call(client, b"", "/runtime.v1.RuntimeService/Version")
             await loop.sock_sendall(sock, client.data_to_send())
             for _ in range(500):
                 if found:
