@@ -216,6 +216,11 @@ class EnforceHooks:
         req: Any = request
         pid = pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
         cid = response.container_id  # type: ignore[attr-defined]
+        resources = req.config.linux.resources
+        applied = canonical_cpuset(resources.cpuset_cpus)
+        # asked before the rename, of the plan the pre hook made (current unless something changed
+        # since): the rename changes no decision, so no plan is made again for it on the call's path
+        settled = not self.policy.ids_matter() and self._as_decided(pid, applied)
         self._learned.discard(req.pod_sandbox_id)
         renamed = self.state.rename_container(pid, cid)
         if not renamed and self.state.container(cid) is None and self.state.pod(req.pod_sandbox_id):
@@ -229,10 +234,8 @@ class EnforceHooks:
                     api_version=info.version,
                 )
             )
-        resources = req.config.linux.resources
-        applied = canonical_cpuset(resources.cpuset_cpus)
         self.state.update_container(cid, resources=resources_bytes(resources), applied=applied)
-        if not renamed or not self._as_decided(cid, applied):
+        if not renamed or not settled:
             self.reconciler.request()
 
     def _as_decided(self, container_id: str, applied: str) -> bool:

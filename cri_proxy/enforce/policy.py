@@ -77,6 +77,12 @@ class Policy:
         self.state.update_container(container_id, pin=None)
         return True
 
+    def ids_matter(self) -> bool:
+        """Whether a container's id may change a decision (so a rename may): only through a v1
+        kubelet state file, whose entries are by container id; v2's are by pod uid and name."""
+        kubelet = self.kubelet.state if self.kubelet is not None else None
+        return kubelet is not None and bool(kubelet.container_entries)
+
     def facts_changed(self) -> None:
         """Call after changing the topology, the kubelet state or a source's problem. Not for
         settings: a reload swaps the settings object, which `plan()` notices by itself."""

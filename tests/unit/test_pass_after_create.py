@@ -4,6 +4,7 @@ whose overlaps a pass reports). Hooks called directly on an in-process proxy; pa
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,9 @@ def sandbox(name: str) -> Any:
     )
 
 
-async def create(hooks: Any, name: str, between: Any = None) -> str:
+async def create(hooks: Any, name: str, between: Any = None, config: Any = None) -> str:
     """RunPodSandbox and CreateContainer through the hooks; `between` runs after the pre hook."""
-    config = sandbox(name)
+    config = config if config is not None else sandbox(name)
     sid = f"sandbox-{name}"
     await hooks.run_pod_sandbox(
         pb.RunPodSandboxRequest(config=config), pb.RunPodSandboxResponse(pod_sandbox_id=sid), RUN_POD
@@ -76,5 +77,31 @@ def test_a_create_as_decided_asks_for_no_pass_one_the_plan_moved_under_does(tmp_
             decided = n.proxy.policy.plan().containers[cid].cpuset
             assert decided is not None and 0 not in decided
             await n.settle()  # that pass ends before the proxy stops
+
+    run(main())
+
+
+def test_a_create_under_a_v1_kubelet_file_asks_for_a_pass(tmp_path: Path) -> None:
+    """A v1 kubelet file names containers by id: the runtime's id, unknown to the pre hook, may have
+    an entry, so the decision made for the pending record may not be the created container's."""
+    state = {"policyName": "static", "defaultCpuSet": "0,2-15", "entries": {"ctr-guar": "1"}, "checksum": 1}
+
+    async def main() -> None:
+        async with node(tmp_path, kubelet_state=state) as n:
+            hooks, reconciler = n.proxy.hooks, n.proxy.reconciler
+            for _ in range(100):  # the file is read by a poller
+                if n.proxy.policy.ids_matter():
+                    break
+                await asyncio.sleep(0.05)
+            assert n.proxy.policy.ids_matter()
+            asked: list[int] = []
+            request = reconciler.request
+            reconciler.request = lambda *a, **k: asked.append(1) or request(*a, **k)  # type: ignore[method-assign]
+            config = sandbox("guar")
+            config.linux.cgroup_parent = "/kubepods/poduid-guar"  # Guaranteed: kubelet entries apply
+            cid = await create(hooks, "guar", config=config)
+            assert asked  # the pending record got the share pool; the entry for its id says CPU 1
+            assert str(n.proxy.policy.plan().containers[cid].cpuset) == "1"
+            await n.settle()
 
     run(main())
