@@ -372,7 +372,19 @@ class DecideMemo:
     call, other pools, ...).
     """
 
-    __slots__ = ("changed", "context", "folds", "merged", "online", "parsed", "pods", "seq")
+    __slots__ = (
+        "changed",
+        "context",
+        "decider",
+        "extra",
+        "folds",
+        "merged",
+        "online",
+        "parsed",
+        "pods",
+        "reserved",
+        "seq",
+    )
 
     def __init__(self) -> None:
         self.context: tuple[object, ...] = ()
@@ -384,6 +396,9 @@ class DecideMemo:
         self.folds: tuple[_Fold | None, _Fold] | None = None
         self.merged: dict[str, ContainerDecision] = {}  # the last call's decisions (never changed)
         self.changed: Changed | None = None
+        self.reserved: CPUSet | None = None  # the last call's reserved CPUs (the pools depend on them)
+        self.decider: _Decider | None = None  # the last call's, for `decide_one`
+        self.extra: dict[int, tuple[PodInfo, _Entry]] = {}  # survey parts `decide_one` made since
 
 
 @dataclass
@@ -573,8 +588,10 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     at, start = _fold_start(memo, pods, online)
     known = memo.parsed if memo.online == online else {}
 
+    extra = memo.extra if memo.online == online else {}
+
     def part(pod: PodInfo) -> _Entry:
-        hit = known.get(id(pod))
+        hit = known.get(id(pod)) or extra.get(id(pod))
         if hit is not None and hit[0] is pod:
             return hit[1]
         return _entry(pod, online, _parse(pod))
@@ -654,6 +671,7 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     else:
         memo.changed = None
     memo.context, memo.online, memo.seq = context, online, pods
+    memo.reserved, memo.decider, memo.extra = inputs.reserved, decider, {}
     memo.parsed, memo.pods, memo.merged = kept_parsed, kept_pods, decisions
     last = None
     if survey_before_last is not None and decided_before_last is not None:
@@ -673,3 +691,64 @@ def _kept_before_last(memo: DecideMemo, at: int, n: int) -> _Fold | None:
     if at == n and n == len(memo.seq) and memo.folds is not None:
         return memo.folds[0]
     return None
+
+
+FAST_SPAN = 8
+"""Pods changed since the last `decide` that `decide_one` looks over, at most: a burst of creates
+between two plans stays cheap, and a longer one is the next plan's to fold."""
+
+
+def _neutral(e: _Entry) -> bool:
+    """A pod no other pod's decision depends on: no class label (so not exclusive, and no kubelet
+    entry overridden), no allocation cpuset, nothing wrong with it."""
+    return e.view.label is None and e.claim is None and not e.skip and not e.problems
+
+
+def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> ContainerDecision | None:
+    """What `decide(inputs, memo)` would decide for `container_id`, without deciding the node.
+
+    Sure only when the other inputs are the last call's and the pods changed since it (the same
+    pods but for a few at the end: a new pod, a pod with a new container) are `_neutral`, before and
+    after: then the survey, so the pools and everything else a decision depends on, is the last
+    call's, and deciding the container's pod alone under the last call's context is deciding it.
+    None when that is not sure, or when the pod's decision carries a problem or is exclusive (the
+    caller then asks the whole plan, which says why). The memo's totals are left as they are."""
+    decider = memo.decider
+    online = inputs.topology.online
+    if decider is None or memo.folds is None or memo.online != online:
+        return None
+    topology, kube, _, system, _ = memo.context
+    now = _kubelet_state(inputs)
+    if (
+        (inputs.topology is not topology and inputs.topology != topology)
+        or (now is not kube and now != kube)
+        or inputs.system != system
+        or inputs.reserved != memo.reserved
+    ):
+        return None
+    pods = inputs.pods
+    at, _ = _fold_start(memo, pods, online)
+    if len(pods) - at > FAST_SPAN:
+        return None
+    for pod in memo.seq[at:]:  # the pod replaced (it may have been the one claiming CPUs)
+        hit = memo.parsed.get(id(pod))
+        if hit is None or hit[0] is not pod or not _neutral(hit[1]):
+            return None
+    found: _Entry | None = None
+    made: dict[int, tuple[PodInfo, _Entry]] = {}
+    for pod in pods[at:]:
+        hit = memo.parsed.get(id(pod)) or memo.extra.get(id(pod))
+        if hit is None or hit[0] is not pod:
+            hit = (pod, _entry(pod, online, _parse(pod)))
+        made[id(pod)] = hit
+        if not _neutral(hit[1]):
+            return None
+        if found is None and any(c.id == container_id for c in reversed(pod.containers)):
+            found = hit[1]
+    memo.extra = made  # this call's pods only: a pod changed again leaves its older parts behind
+    if found is None:
+        return None
+    _, decisions, problems, exclusive = _decide_pod(found.view, decider, kube)
+    if problems or exclusive:
+        return None
+    return decisions.get(container_id)

@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 from loguru import logger
 
 from cri_proxy.config import Config
-from cri_proxy.cpu import CPUSet, ProblemKind, QoS
+from cri_proxy.cpu import CPUSet, Problem, ProblemKind, QoS
 from cri_proxy.cpu.decide import ContainerDecision, may_move_pools
 from cri_proxy.enforce.naming import about, about_pod
 from cri_proxy.enforce.policy import Policy
@@ -154,12 +154,10 @@ class EnforceHooks:
                 api_version=info.version,
             )
         )
-        plan = self.policy.plan()
-        for problem in plan.problems:
-            if problem.pod == pod.key:
-                log.warning("{}: {}: {}", who, problem.kind, problem.message)
-        self._refuse_bad_annotation(pod, plan.problems, pid)
-        decision = plan.containers.get(pid)
+        decision, problems = self.policy.for_container(pod, pid)
+        for problem in problems:
+            log.warning("{}: {}: {}", who, problem.kind, problem.message)
+        self._refuse_bad_annotation(pod, problems, pid)
         if decision is None or decision.cpuset is None:
             why = decision.why if decision is not None else "not managed"
             log.info("{}: {} -> cpuset left as is ({})", who, decision.qos if decision else None, why)
@@ -185,11 +183,12 @@ class EnforceHooks:
                 raise
         return request
 
-    def _refuse_bad_annotation(self, pod: PodRecord, problems: Any, pid: str) -> None:
-        if self.fail_policy is not FailPolicy.FAIL or self.dry_run:  # dry-run refuses nothing either
+    def _refuse_bad_annotation(self, pod: PodRecord, problems: list[Problem], pid: str) -> None:
+        """The pod's `problems` name an annotation that does not parse: refused under fail policy."""
+        if not problems or self.fail_policy is not FailPolicy.FAIL or self.dry_run:  # dry-run neither
             return
         for problem in problems:
-            if problem.pod == pod.key and problem.kind is ProblemKind.BAD_ANNOTATION:
+            if problem.kind is ProblemKind.BAD_ANNOTATION:
                 self.state.remove_container(pid)
                 raise HookError(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod.key}: {problem.message}")
 
@@ -218,9 +217,12 @@ class EnforceHooks:
         cid = response.container_id  # type: ignore[attr-defined]
         resources = req.config.linux.resources
         applied = canonical_cpuset(resources.cpuset_cpus)
-        # asked before the rename, of the plan the pre hook made (current unless something changed
-        # since): the rename changes no decision, so no plan is made again for it on the call's path
-        settled = not self.policy.ids_matter() and self._as_decided(pid, applied)
+        # asked of the pending record, before the rename (which changes no decision but a v1 kubelet
+        # file's): as the pre hook asked, so usually without making the node's plan on the call's path
+        pod = self.state.pod(req.pod_sandbox_id)
+        settled = (
+            pod is not None and not self.policy.ids_matter() and self.policy.as_decided(pod, pid, applied)
+        )
         self._learned.discard(req.pod_sandbox_id)
         renamed = self.state.rename_container(pid, cid)
         if not renamed and self.state.container(cid) is None and self.state.pod(req.pod_sandbox_id):
@@ -237,15 +239,6 @@ class EnforceHooks:
         self.state.update_container(cid, resources=resources_bytes(resources), applied=applied)
         if not renamed or not settled:
             self.reconciler.request()
-
-    def _as_decided(self, container_id: str, applied: str) -> bool:
-        """Whether a container just created has what the plan decides now, on a node without
-        exclusive containers (whose overlaps a pass reports): then no pass has anything to do."""
-        plan = self.policy.plan()
-        if plan.exclusive is None or plan.exclusive:
-            return False
-        decision = plan.containers.get(container_id)
-        return decision is not None and (decision.cpuset is None or str(decision.cpuset) == applied)
 
     async def create_failed(self, request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
         req: Any = request

@@ -10,11 +10,11 @@ from types import MappingProxyType
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
-from cri_proxy.cpu.decide import Changed, DecideMemo
+from cri_proxy.cpu.decide import Changed, ContainerDecision, DecideMemo, decide_one
 from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
-from cri_proxy.state.model import LIVE_STATES, NodeState
+from cri_proxy.state.model import LIVE_STATES, NodeState, PodRecord
 
 
 class Policy:
@@ -43,6 +43,8 @@ class Policy:
         self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
         self._pins: dict[str, CPUSet] = {}  # as of the state's change-log position `_pins_at`
         self._pins_at = -1  # before any position: the first `pins` reads every container
+        # the last `decide_one` answer: (state generation, container id, decision)
+        self._one_asked: tuple[int, str, ContainerDecision | None] = (-1, "", None)
 
     @property
     def pins(self) -> dict[str, CPUSet]:
@@ -126,6 +128,54 @@ class Policy:
             self._history.append((weakref.ref(previous) if previous is not None else None, changed))
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
+
+    def for_container(
+        self, pod: PodRecord, container_id: str
+    ) -> tuple[ContainerDecision | None, list[Problem]]:
+        """The current plan's decision for a container of `pod`, and the pod's problems. Without
+        making the plan when the pods changed since the last one only in ways that cannot change
+        the pools (`decide_one`): a CreateContainer then costs its pod, not the node."""
+        fast = self._one(pod, container_id)
+        if fast is not None:
+            return fast, []  # sure only for a pod with no problem
+        plan = self.plan()
+        return plan.containers.get(container_id), [p for p in plan.problems if p.pod == pod.key]
+
+    def as_decided(self, pod: PodRecord, container_id: str, applied: str) -> bool:
+        """Whether a container has cpuset `applied` as the plan decides now, on a node without
+        exclusive containers (whose overlaps a reconcile pass reports): then no pass has anything
+        to do for it."""
+        decision = self._one(pod, container_id)
+        if decision is not None:
+            last = self._cached[3] if self._cached is not None else None
+            # the changes since the last plan are not exclusive ones (`decide_one`), nor pins
+            plan_free = last is not None and last.exclusive is not None and not last.exclusive
+            if not (plan_free and not self.pins):
+                decision = None
+        if decision is None:
+            plan = self.plan()
+            if plan.exclusive is None or plan.exclusive:
+                return False
+            decision = plan.containers.get(container_id)
+        return decision is not None and (decision.cpuset is None or str(decision.cpuset) == applied)
+
+    def _one(self, pod: PodRecord, container_id: str) -> ContainerDecision | None:
+        """`decide_one` when the last plan is not current but may be folded on from, and nothing
+        but the rules decides the container (no pin, no API explanation, no problem of its pod's)."""
+        cached = self._cached
+        if cached is None or cached[0] == self.state.generation:
+            return None  # no plan to fold on from, or the plan is current: read it
+        if cached[1] != self._facts_version or cached[2] is not self.settings() or pod.problems:
+            return None
+        generation = self.state.generation
+        if self._one_asked[:2] == (generation, container_id):  # the post hook asks what the pre hook did
+            return self._one_asked[2]
+        record = self.state.container(container_id)
+        if record is None or record.pin is not None or pod.key in self.state.api_sourced():
+            return None
+        decision = decide_one(self.inputs(), self._memo, container_id)
+        self._one_asked = (generation, container_id, decision)
+        return decision
 
     def changed_since(self, old: Plan) -> set[str] | None:
         """Ids of the containers whose decision may differ between `old` and the current plan;

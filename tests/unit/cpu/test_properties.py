@@ -26,7 +26,7 @@ from cri_proxy.cpu import (
     parse_kubelet_state,
     plan_to_json,
 )
-from cri_proxy.cpu.decide import DecideMemo, may_move_pools
+from cri_proxy.cpu.decide import DecideMemo, decide_one, may_move_pools
 from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
 
 CANONICAL = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -227,6 +227,62 @@ def test_a_memo_follows_pods_coming_and_going_at_the_end(
             differ = {c for c in ids if previous.containers.get(c) != plan.containers.get(c)}
             assert differ <= memo.changed.ids()
         previous = plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(generated(), generated(), st.randoms(use_true_random=False))
+def test_decide_one_says_what_decide_says_or_nothing(
+    g: Generated, other: Generated, rnd: random.Random
+) -> None:
+    """`decide_one` between full calls (the memo as the last full call left it, the pods changed
+    since in any way): when it answers, the answer is the whole plan's decision, the container's pod
+    has no problem in it, and the pools and the exclusive containers are the last full call's. A
+    full call after it still gives the plan `decide` gives without a memo."""
+    memo = DecideMemo()
+    pods = list(g.inputs.pods)
+    spare = list(other.inputs.pods)
+    last = decide(g.inputs, memo)
+    steps = ["plain-pod"] * 3 + ["grow"] * 3 + ["full"] * 2 + ["ask"] * 5
+    steps += ["append", "grow-any", "replace-last", "drop-last", "drop-any", "kubelet", "reserved"]
+    for step_no in range(24):
+        step = rnd.choice(steps)
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "plain-pod":  # the kubelet's usual pod: no class label, no allocation
+            uid = f"plain{step_no}"
+            cgroup = rnd.choice(CGROUPS).format(u=uid)
+            pods.append(PodInfo(uid, uid, "ns", cgroup, {}, {}, (ContainerInfo(f"{uid}-a", "a"),)))
+        elif step in ("grow", "grow-any") and pods:
+            at = len(pods) - 1 if step == "grow" else rnd.randrange(len(pods))
+            pod = pods[at]
+            extra = ContainerInfo(f"grown{step_no}", f"g{len(pod.containers)}")
+            pods[at] = replace(pod, containers=(*pod.containers, extra))
+        elif step == "append" and spare:
+            pods.append(spare.pop(rnd.randrange(len(spare))))
+        elif step == "replace-last" and pods and spare:
+            pods[-1] = spare.pop(rnd.randrange(len(spare)))
+        elif step == "drop-last" and pods:
+            pods.pop()
+        elif step == "drop-any" and pods:
+            pods.pop(rnd.randrange(len(pods)))
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "kubelet":
+            g = replace(g, inputs=replace(g.inputs, kubelet=rnd.choice([other.inputs.kubelet, None])))
+        elif step == "reserved":
+            g = replace(g, inputs=replace(g.inputs, reserved=other.inputs.reserved))
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "full":
+            last = decide(inputs, memo)
+            assert last == decide(inputs)
+        elif step == "ask":
+            ids = [c.id for pod in pods[-3:] for c in pod.containers] + ["no-such-container"]
+            cid = rnd.choice(ids)
+            one = decide_one(inputs, memo, cid)
+            if one is not None:
+                plan = decide(inputs)
+                assert plan.containers[cid] == one
+                assert not [p for p in plan.problems if p.pod == one.pod]
+                assert (plan.pools, plan.exclusive) == (last.pools, last.exclusive)
+    assert decide(replace(g.inputs, pods=tuple(pods)), memo) == decide(replace(g.inputs, pods=tuple(pods)))
 
 
 @settings(max_examples=300, deadline=None)

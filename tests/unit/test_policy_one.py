@@ -1,0 +1,205 @@
+"""`Policy.for_container` and `Policy.as_decided` answer from `decide_one` when they can, without
+making the node's plan: after any sequence of changes to the node state (pods of every kind coming
+and going, containers created, renamed, stopped, pinned, API views, plans made or not in between)
+their answers must be what a fresh policy's whole plan says. Hypothesis drives the sequences."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from cri_proxy.config import Config
+from cri_proxy.cpu import CPUSet, Topology
+from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
+from cri_proxy.enforce.policy import Policy
+from cri_proxy.state.model import LIVE_STATES, ContainerRecord, ContainerState, NodeState, PodRecord
+
+TOPOLOGY = Topology.build({0: CPUSet.parse("0-3"), 1: CPUSet.parse("4-7")})
+CGROUPS = ["/kubepods/pod{u}", "/kubepods/burstable/pod{u}", "/kubepods/besteffort/pod{u}", "/system/{u}"]
+KINDS = ["plain"] * 3 + ["LS", "BE", "LSE", "LSR", "LSE-bare", "bad-annotation", "bad-text", "numa"]
+
+
+def pod_record(sid: str, kind: str, cgroup: str) -> PodRecord:
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    if kind in ("LS", "BE", "LSE", "LSR", "LSE-bare"):
+        labels[QOS_LABEL] = kind.removesuffix("-bare")
+    if kind in ("LSE", "LSR"):
+        annotations[RESOURCE_STATUS_ANNOTATION] = json.dumps({"cpuset": "2-3"})
+    elif kind == "bad-annotation":
+        annotations[RESOURCE_STATUS_ANNOTATION] = "{not json"
+    elif kind == "numa":
+        annotations[RESOURCE_STATUS_ANNOTATION] = json.dumps({"numaNode": [1]})
+    problems = ("label not UTF-8",) if kind == "bad-text" else ()
+    uid = f"uid-{sid}"
+    return PodRecord(sid, uid, sid, "ns", cgroup.format(u=uid), labels, annotations, problems=problems)
+
+
+class OneContainer(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = NodeState()
+        self.config = Config()
+        self.policy = Policy(self.state, TOPOLOGY, lambda: self.config)
+        self.n = 0
+        self.pods: list[str] = []
+
+    def _container(self, data: st.DataObject) -> ContainerRecord:
+        return data.draw(st.sampled_from(sorted(self.state.containers(), key=lambda c: c.id)))
+
+    @rule(kind=st.sampled_from(KINDS), cgroup=st.sampled_from(CGROUPS))
+    def new_pod(self, kind: str, cgroup: str) -> None:
+        self.n += 1
+        sid = f"s{self.n}"
+        self.pods.append(sid)
+        self.state.put_pod(pod_record(sid, kind, cgroup))
+
+    @precondition(lambda self: self.pods)
+    @rule(data=st.data(), newest=st.booleans())
+    def create(self, data: st.DataObject, newest: bool) -> None:
+        """A pending record, as the pre hook puts it; most often in the newest pod."""
+        sid = self.pods[-1] if newest else data.draw(st.sampled_from(self.pods))
+        self.n += 1
+        self.state.put_container(ContainerRecord(f"pending/{sid}/c{self.n}/0", sid, f"c{self.n}"))
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data())
+    def created(self, data: st.DataObject) -> None:
+        c = self._container(data)
+        self.n += 1
+        self.state.rename_container(c.id, f"ctr{self.n}")
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data(), state=st.sampled_from([ContainerState.RUNNING, ContainerState.EXITED]))
+    def container_state(self, data: st.DataObject, state: ContainerState) -> None:
+        self.state.update_container(self._container(data).id, state=state)
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data(), pin=st.sampled_from([None, "1", "2-3"]), newest=st.booleans())
+    def pin(self, data: st.DataObject, pin: str | None, newest: bool) -> None:
+        """An operator's pin (`ctl update --force`), most often on the newest container."""
+        c = self.state.containers()[-1] if newest else self._container(data)
+        self.state.update_container(c.id, pin=pin)
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data())
+    def removed(self, data: st.DataObject) -> None:
+        self.state.remove_container(self._container(data).id)
+
+    @precondition(lambda self: self.pods)
+    @rule(data=st.data(), remove=st.booleans())
+    def pod_gone(self, data: st.DataObject, remove: bool) -> None:
+        sid = data.draw(st.sampled_from(self.pods))
+        if remove:
+            self.state.remove_pod(sid)
+            self.pods.remove(sid)
+        else:
+            self.state.stop_pod(sid)
+
+    @precondition(lambda self: self.pods)
+    @rule(data=st.data(), view=st.sampled_from([None, "LS", "LSE", "numa"]), newest=st.booleans())
+    def api_view(self, data: st.DataObject, view: str | None, newest: bool) -> None:
+        """The Kubernetes API's labels or allocation for a pod (a NUMA-only allocation changes no pool)."""
+        uid = f"uid-{self.pods[-1] if newest else data.draw(st.sampled_from(self.pods))}"
+        if view is None:
+            self.state.forget_api_view(uid)
+        elif view == "numa":
+            self.state.set_api_view(uid, {}, {RESOURCE_STATUS_ANNOTATION: json.dumps({"numaNode": [0]})})
+        else:
+            self.state.set_api_view(uid, {QOS_LABEL: view}, {})
+
+    @rule(reserved=st.sampled_from(["", "0", "6-7", "0-7"]))
+    def reload(self, reserved: str) -> None:
+        self.config = Config(reserved_cpus=reserved)
+
+    @rule()
+    def plan(self) -> None:
+        """A plan made in between (a reconcile pass, ctl): what `decide_one` folds on from."""
+        self.policy.plan()
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data())
+    def ask_any(self, data: st.DataObject) -> None:
+        """A question about any container (the plan is often made for it: the invariant asks only
+        about the newest, so as not to make plans the sequence did not ask for)."""
+        self.check(self._container(data))
+
+    @invariant()
+    def answers_are_the_whole_plans(self) -> None:
+        live = [c for c in self.state.containers() if c.state in LIVE_STATES]
+        if live:
+            self.check(live[-1])  # the newest: where creates happen
+
+    def check(self, c: ContainerRecord) -> None:
+        fresh = Policy(self.state, TOPOLOGY, lambda: self.config).plan()
+        pod = self.state.pod(c.sandbox_id)
+        if pod is not None and pod.ready and c.state in LIVE_STATES:
+            decision, problems = self.policy.for_container(pod, c.id)
+            assert decision == fresh.containers.get(c.id)
+            assert problems == [p for p in fresh.problems if p.pod == pod.key]
+            for applied in {"0-7", "1", str(decision.cpuset) if decision and decision.cpuset else ""}:
+                want = fresh.exclusive == frozenset() and (
+                    decision is not None and (decision.cpuset is None or str(decision.cpuset) == applied)
+                )
+                assert self.policy.as_decided(pod, c.id, applied) == want
+
+
+OneContainer.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
+test_one_container = OneContainer.TestCase
+
+
+def fast_answer(machine: OneContainer, kind: str = "plain", cgroup: str = CGROUPS[1]) -> ContainerRecord:
+    """A plan, then a new pod with a pending container: answered without making a plan."""
+    machine.plan()
+    machine.new_pod(kind, cgroup)
+    sid = machine.pods[-1]
+    c = ContainerRecord(f"pending/{sid}/main/0", sid, "main")
+    machine.state.put_container(c)
+    before = machine.policy._cached
+    machine.check(c)
+    assert machine.policy._cached is before  # no plan made: `decide_one` answered
+    return c
+
+
+def test_a_pin_since_the_last_plan_is_the_decision() -> None:
+    m = OneContainer()
+    c = fast_answer(m)
+    m.state.update_container(c.id, pin="1")
+    m.check(c)
+    pod = m.state.pod(c.sandbox_id)
+    assert pod is not None
+    decision, _ = m.policy.for_container(pod, c.id)
+    assert decision is not None and str(decision.cpuset) == "1"
+
+
+def test_an_allocation_from_the_api_since_the_last_plan_is_said() -> None:
+    m = OneContainer()
+    c = fast_answer(m)
+    numa = {RESOURCE_STATUS_ANNOTATION: json.dumps({"numaNode": [0]})}
+    m.state.set_api_view(f"uid-{c.sandbox_id}", {}, numa)  # no pool moves: the pod stays neutral
+    m.check(c)
+    pod = m.state.pod(c.sandbox_id)
+    assert pod is not None
+    decision, _ = m.policy.for_container(pod, c.id)
+    assert decision is not None and "from the Kubernetes API" in decision.why
+
+
+def test_a_pin_that_makes_a_container_exclusive_since_the_last_plan_asks_for_a_pass() -> None:
+    """An LSE pod with no allocation on a node whose LS pool is empty: its container is left as it is
+    (not exclusive) until an operator pins it; then a new container is not "as decided" (a pass
+    reports overlaps), though nothing about it changed."""
+    m = OneContainer()
+    m.config = Config(reserved_cpus="0-7")
+    m.new_pod("LSE-bare", CGROUPS[1])
+    lse = ContainerRecord("ctr-lse", m.pods[-1], "main")
+    m.state.put_container(lse)
+    assert not m.policy.plan().exclusive
+    c = fast_answer(m, cgroup=CGROUPS[3])  # not a kubepods pod: left as it is, no pool to run out of
+    pod = m.state.pod(c.sandbox_id)
+    assert pod is not None and m.policy.as_decided(pod, c.id, "0-7")
+    m.state.update_container(lse.id, pin="6")
+    m.check(c)
+    assert not m.policy.as_decided(pod, c.id, "0-7")
