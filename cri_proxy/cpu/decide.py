@@ -384,6 +384,7 @@ class DecideMemo:
         "pods",
         "reserved",
         "seq",
+        "troubled",
     )
 
     def __init__(self) -> None:
@@ -398,7 +399,8 @@ class DecideMemo:
         self.changed: Changed | None = None
         self.reserved: CPUSet | None = None  # the last call's reserved CPUs (the pools depend on them)
         self.decider: _Decider | None = None  # the last call's, for `decide_one`
-        self.extra: dict[int, tuple[PodInfo, _Entry]] = {}  # survey parts `decide_one` made since
+        self.extra: dict[int, tuple[PodInfo, _Entry]] = {}  # id(pod) -> part `decide_one` made since
+        self.troubled: frozenset[str | None] = frozenset()  # keys of the pods the last plan has problems of
 
 
 @dataclass
@@ -680,6 +682,7 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
 
     problems.extend(decided.problems)
     problems.sort(key=lambda p: (p.pod or "", p.kind, p.message))
+    memo.troubled = frozenset(p.pod for p in problems)
     plan_problems = (*inputs.input_problems, *problems)
     return Plan(pools, MappingProxyType(decisions), plan_problems, frozenset(decided.exclusive))
 
@@ -702,6 +705,26 @@ def _neutral(e: _Entry) -> bool:
     """A pod no other pod's decision depends on: no class label (so not exclusive, and no kubelet
     entry overridden), no allocation cpuset, nothing wrong with it."""
     return e.view.label is None and e.claim is None and not e.skip and not e.problems
+
+
+def _again(pod: PodInfo, before: tuple[PodInfo, _Entry] | None, online: CPUSet) -> tuple[PodInfo, _Entry]:
+    """The pod's survey part, from `before` (an earlier version of the pod) when only its containers
+    changed: the very labels, annotations and cgroup parent parse the same."""
+    if before is not None:
+        old, e = before
+        if old is pod:
+            return before
+        same = old.labels is pod.labels and old.annotations is pod.annotations
+        if same and old.cgroup_parent == pod.cgroup_parent and not e.problems:  # no parse error
+            view = e.view
+            return pod, _entry(pod, online, (view.label, view.allocation, None, view.cgroup))
+    return pod, _entry(pod, online, _parse(pod))
+
+
+def _holds(pod: PodInfo, container_id: str) -> bool:
+    """Whether the pod has the container (most often its newest one)."""
+    cs = pod.containers
+    return bool(cs) and (cs[-1].id == container_id or any(c.id == container_id for c in cs))
 
 
 def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> ContainerDecision | None:
@@ -730,23 +753,24 @@ def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> Conta
     at, _ = _fold_start(memo, pods, online)
     if len(pods) - at > FAST_SPAN:
         return None
+    replaced: dict[str, tuple[PodInfo, _Entry]] = {}
     for pod in memo.seq[at:]:  # the pod replaced (it may have been the one claiming CPUs)
         hit = memo.parsed.get(id(pod))
         if hit is None or hit[0] is not pod or not _neutral(hit[1]):
             return None
-    found: _Entry | None = None
+        replaced[pod.uid] = hit
+    earlier = {old.uid: (old, e) for old, e in memo.extra.values()} | replaced  # by uid: versions before
     made: dict[int, tuple[PodInfo, _Entry]] = {}
     for pod in pods[at:]:
         hit = memo.parsed.get(id(pod)) or memo.extra.get(id(pod))
         if hit is None or hit[0] is not pod:
-            hit = (pod, _entry(pod, online, _parse(pod)))
-        made[id(pod)] = hit
+            hit = _again(pod, earlier.get(pod.uid), online)
         if not _neutral(hit[1]):
             return None
-        if found is None and any(c.id == container_id for c in reversed(pod.containers)):
-            found = hit[1]
+        made[id(pod)] = hit
     memo.extra = made  # this call's pods only: a pod changed again leaves its older parts behind
-    if found is None:
+    found = next((made[id(pod)][1] for pod in reversed(pods[at:]) if _holds(pod, container_id)), None)
+    if found is None or found.view.pod.key in memo.troubled:  # another sandbox of the pod has problems
         return None
     _, decisions, problems, exclusive = _decide_pod(found.view, decider, kube)
     if problems or exclusive:

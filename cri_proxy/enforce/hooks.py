@@ -224,8 +224,12 @@ class EnforceHooks:
             pod is not None and not self.policy.ids_matter() and self.policy.as_decided(pod, pid, applied)
         )
         self._learned.discard(req.pod_sandbox_id)
-        renamed = self.state.rename_container(pid, cid)
-        if not renamed and self.state.container(cid) is None and self.state.pod(req.pod_sandbox_id):
+        kept = resources_bytes(resources)
+        if self.state.rename_container(pid, cid, resources=kept, applied=applied):
+            if not settled:
+                self.reconciler.request()
+            return
+        if self.state.container(cid) is None and self.state.pod(req.pod_sandbox_id):
             # the pending record went meanwhile (a merge resolved or dropped it): never lose the container
             self.state.put_container(
                 ContainerRecord(
@@ -236,9 +240,8 @@ class EnforceHooks:
                     api_version=info.version,
                 )
             )
-        self.state.update_container(cid, resources=resources_bytes(resources), applied=applied)
-        if not renamed or not settled:
-            self.reconciler.request()
+        self.state.update_container(cid, resources=kept, applied=applied)
+        self.reconciler.request()
 
     async def create_failed(self, request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
         req: Any = request

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -15,6 +16,12 @@ from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, 
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.model import LIVE_STATES, NodeState, PodRecord
+
+
+@functools.lru_cache(maxsize=16)
+def _cpus(text: str) -> CPUSet:
+    """A configured CPU list (validated at load), parsed once per text, not on every plan."""
+    return CPUSet.parse(text)
 
 
 class Policy:
@@ -50,6 +57,10 @@ class Policy:
     def pins(self) -> dict[str, CPUSet]:
         """Live containers' operator pins (`ctl update --force`): container id -> cpuset. They are
         kept on the container's record, so they are checkpointed and go with the container."""
+        return dict(self._pins_now())
+
+    def _pins_now(self) -> dict[str, CPUSet]:
+        """`pins`, kept (not a copy): brought up to date from the state's change log."""
         changed, self._pins_at = self.state.changes(self._pins_at)
         if changed is None:  # not known what changed (the first call, a wholesale change): read all
             self._pins = {
@@ -64,7 +75,7 @@ class Policy:
                     self._pins[cid] = CPUSet.parse(c.pin)
                 else:
                     self._pins.pop(cid, None)
-        return dict(self._pins)
+        return self._pins
 
     def pin(self, container_id: str, cpus: CPUSet) -> bool:
         """An operator's explicit override: this container keeps `cpus` until it is gone or unpinned.
@@ -92,11 +103,11 @@ class Policy:
 
     @property
     def reserved(self) -> CPUSet:
-        return CPUSet.parse(self.settings().reserved_cpus)
+        return _cpus(self.settings().reserved_cpus)
 
     @property
     def system(self) -> CPUSet:
-        return CPUSet.parse(self.settings().system_cpus)
+        return _cpus(self.settings().system_cpus)
 
     def inputs(self) -> NodeInputs:
         kubelet = self.kubelet
@@ -150,7 +161,7 @@ class Policy:
             last = self._cached[3] if self._cached is not None else None
             # the changes since the last plan are not exclusive ones (`decide_one`), nor pins
             plan_free = last is not None and last.exclusive is not None and not last.exclusive
-            if not (plan_free and not self.pins):
+            if not (plan_free and not self._pins_now()):
                 decision = None
         if decision is None:
             plan = self.plan()
@@ -165,7 +176,9 @@ class Policy:
         cached = self._cached
         if cached is None or cached[0] == self.state.generation:
             return None  # no plan to fold on from, or the plan is current: read it
-        if cached[1] != self._facts_version or cached[2] is not self.settings() or pod.problems:
+        if cached[1] != self._facts_version or cached[2] is not self.settings():
+            return None
+        if any(key == pod.key for key, _ in self.state.pod_problems()):  # this or another sandbox's
             return None
         generation = self.state.generation
         if self._one_asked[:2] == (generation, container_id):  # the post hook asks what the pre hook did
@@ -222,7 +235,7 @@ class Policy:
         """Say in `why` when a pod's QoS label or allocation came from the Kubernetes API, not CRI;
         an operator's pin replaces the rules' cpuset (and says so)."""
         sourced = self.state.api_sourced()
-        pins = {cid: cpus for cid, cpus in self.pins.items() if cid in plan.containers}
+        pins = {cid: cpus for cid, cpus in self._pins_now().items() if cid in plan.containers}
         if not sourced and not pins:
             return plan
         containers = {}

@@ -11,6 +11,7 @@ container that vanished between the listing and its status is skipped.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -249,10 +250,22 @@ def cgroup_parent_from_info(info: Mapping[str, str]) -> str:
 
 def canonical_cpuset(text: str) -> str:
     """The canonical form of a CPU list; the text itself when it does not parse."""
+    if len(text) <= _SHORT:
+        return _canonical_short(text)
+    return _canonical(text)
+
+
+_SHORT = 64  # a node's few cpusets, asked on every create and status read: kept (bounded: 256 of them)
+
+
+def _canonical(text: str) -> str:
     try:
         return str(CPUSet.parse(text))
     except CpuError:
         return text
+
+
+_canonical_short = functools.lru_cache(maxsize=256)(_canonical)
 
 
 def _dig(doc: object, *keys: str) -> object:

@@ -462,15 +462,16 @@ class NodeState:
                 self._bump(container.id)
 
     def rename_container(
-        self, old_id: str, new_id: str, state: ContainerState = ContainerState.CREATED
+        self, old_id: str, new_id: str, state: ContainerState = ContainerState.CREATED, **changes: object
     ) -> bool:
-        """A pending container got its runtime id; False when the pending record is gone."""
+        """A pending container got its runtime id (and `changes`, in the same change); False when
+        the pending record is gone."""
         with self._lock:
             self._in_flight.pop(old_id, None)
             c = self._drop(old_id)
             if c is None:
                 return False
-            self._store(replace(c, id=new_id, state=state))
+            self._store(replace(c, id=new_id, state=state, **changes))  # type: ignore[arg-type]
             self._bump(old_id, new_id)
             return True
 

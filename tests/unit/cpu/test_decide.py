@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
-from cri_proxy.cpu import CPUSet, NodeInputs, ProblemKind, QoS, decide
+from cri_proxy.cpu import ContainerInfo, CPUSet, NodeInputs, ProblemKind, QoS, decide
+from cri_proxy.cpu.decide import DecideMemo, decide_one
 from cri_proxy.cpu.keys import ALLOC_STATUS_ANNOTATION
 
 from .helpers import node, pod
@@ -367,3 +368,20 @@ def test_pool_exhausted_names_who_holds_the_cpus() -> None:
     for p in exhausted:
         assert p.holders == ("LSE default/x (0-3)",)
         assert "held by LSE default/x (0-3)" in p.message
+
+
+def test_decide_one_answers_for_a_new_container_of_a_plain_pod_and_not_past_a_problem() -> None:
+    """`decide_one` after a plan: a new plain pod's container gets what the whole plan gives it,
+    without deciding the node; a second sandbox of a pod whose first one has a problem (the same
+    `namespace/name`, so the plan reports the problem against it too) is the whole plan's to say."""
+    memo = DecideMemo()
+    first = node(pod("ls", qos="LS"), pod("twice", alloc="{not json"))
+    decide(first, memo)
+    plain = pod("plain", "besteffort")
+    inputs = replace(first, pods=(*first.pods, plain))
+    one = decide_one(inputs, memo, "plain-main")
+    assert one is not None and one == decide(inputs).containers["plain-main"]
+    again = replace(pod("twice", "besteffort"), uid="twice-2", containers=(ContainerInfo("t2", "main"),))
+    inputs = replace(first, pods=(*first.pods, again))
+    assert [p.kind for p in decide(inputs).problems if p.pod == again.key] == [ProblemKind.BAD_ANNOTATION]
+    assert decide_one(inputs, memo, "t2") is None
