@@ -189,6 +189,27 @@ def test_a_memo_changes_no_plan(g: Generated, other: Generated, rnd: random.Rand
         previous = plan
 
 
+def change_pods(
+    step: str, pods: list[PodInfo], spare: list[PodInfo], rnd: random.Random, new_id: str
+) -> None:
+    """One change to the node's pods, as the kubelet's come and go: `append` one of `spare`, `grow`
+    the newest pod (`grow-any`: any pod) by container `new_id`, `replace-last` with one of `spare`,
+    `drop-last`, `drop-any`. Any other step changes no pod."""
+    if step == "append" and spare:
+        pods.append(spare.pop(rnd.randrange(len(spare))))
+    elif step in ("grow", "grow-any") and pods:
+        at = len(pods) - 1 if step == "grow" else rnd.randrange(len(pods))
+        pod = pods[at]
+        extra = ContainerInfo(new_id, f"g{len(pod.containers)}")
+        pods[at] = replace(pod, containers=(*pod.containers, extra))
+    elif step == "replace-last" and pods and spare:
+        pods[-1] = spare.pop(rnd.randrange(len(spare)))
+    elif step == "drop-last" and pods:
+        pods.pop()
+    elif step == "drop-any" and pods:
+        pods.pop(rnd.randrange(len(pods)))
+
+
 @settings(max_examples=300, deadline=None)
 @given(generated(), generated(), st.randoms(use_true_random=False))
 def test_a_memo_follows_pods_coming_and_going_at_the_end(
@@ -204,19 +225,7 @@ def test_a_memo_follows_pods_coming_and_going_at_the_end(
     previous = decide(g.inputs, memo)
     for _ in range(10):
         step = rnd.choice(["append", "grow", "replace-last", "drop-last", "drop-any", "same", "kubelet"])
-        inputs = replace(g.inputs, pods=tuple(pods))
-        if step == "append" and spare:
-            pods.append(spare.pop(rnd.randrange(len(spare))))
-        elif step == "grow" and pods:
-            last = pods[-1]
-            extra = ContainerInfo(f"grown{rnd.randrange(1000)}", f"g{len(last.containers)}")
-            pods[-1] = replace(last, containers=(*last.containers, extra))
-        elif step == "replace-last" and pods and spare:
-            pods[-1] = spare.pop(rnd.randrange(len(spare)))
-        elif step == "drop-last" and pods:
-            pods.pop()
-        elif step == "drop-any" and pods:
-            pods.pop(rnd.randrange(len(pods)))
+        change_pods(step, pods, spare, rnd, f"grown{rnd.randrange(1000)}")
         inputs = replace(g.inputs, pods=tuple(pods))
         if step == "kubelet":
             inputs = replace(inputs, kubelet=rnd.choice([other.inputs.kubelet, g.inputs.kubelet]))
@@ -246,25 +255,11 @@ def test_decide_one_says_what_decide_says_or_nothing(
     steps += ["append", "grow-any", "replace-last", "drop-last", "drop-any", "kubelet", "reserved"]
     for step_no in range(24):
         step = rnd.choice(steps)
-        inputs = replace(g.inputs, pods=tuple(pods))
         if step == "plain-pod":  # the kubelet's usual pod: no class label, no allocation
             uid = f"plain{step_no}"
             cgroup = rnd.choice(CGROUPS).format(u=uid)
             pods.append(PodInfo(uid, uid, "ns", cgroup, {}, {}, (ContainerInfo(f"{uid}-a", "a"),)))
-        elif step in ("grow", "grow-any") and pods:
-            at = len(pods) - 1 if step == "grow" else rnd.randrange(len(pods))
-            pod = pods[at]
-            extra = ContainerInfo(f"grown{step_no}", f"g{len(pod.containers)}")
-            pods[at] = replace(pod, containers=(*pod.containers, extra))
-        elif step == "append" and spare:
-            pods.append(spare.pop(rnd.randrange(len(spare))))
-        elif step == "replace-last" and pods and spare:
-            pods[-1] = spare.pop(rnd.randrange(len(spare)))
-        elif step == "drop-last" and pods:
-            pods.pop()
-        elif step == "drop-any" and pods:
-            pods.pop(rnd.randrange(len(pods)))
-        inputs = replace(g.inputs, pods=tuple(pods))
+        change_pods(step, pods, spare, rnd, f"grown{step_no}")
         if step == "kubelet":
             g = replace(g, inputs=replace(g.inputs, kubelet=rnd.choice([other.inputs.kubelet, None])))
         elif step == "reserved":
