@@ -286,16 +286,16 @@ def main() -> None:
         # to the runtime every 30 s, in the middle of a measurement); passes on changes still run
         config = work / "proxy.toml"
         config.write_text("reconcile_period_seconds = 0\n")
+        # at its default log level, as on a node (a line per CreateContainer), into the work dir
         proxy_proc, proxy_address = start_proxy(
             work,
             runtime_address,
             "--config",
             str(config),
-            "--log-level",
-            "WARNING",
             "--metrics-address",
             metrics,
             *relay_mode,
+            log=work / "proxy.log",
         )
         procs.append(proxy_proc)
         global PROXY_PID
@@ -303,7 +303,7 @@ def main() -> None:
         direct, proxy = Target(runtime_address), Target(proxy_address)
         print(
             f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}"
-            f" (relay mode {args.relay_mode or 'default'}); "
+            f" (relay mode {args.relay_mode or 'default'}; log {work / 'proxy.log'}); "
             f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs",
             flush=True,
         )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
@@ -17,6 +19,18 @@ def _json_sink(message: Any) -> None:
     if record["exception"] is not None:
         line["exception"] = repr(record["exception"].value)
     sys.stderr.write(json.dumps(line) + "\n")
+
+
+def soon(emit: Callable[..., object], message: str, *args: object) -> None:
+    """`emit(message, *args)` once the event loop's current turn is done, its socket writes included:
+    a line about a call (formatted, then written to journald) must not delay the call it is about.
+    Lines put off this way keep their order; with no running loop, at once."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        emit(message, *args)
+        return
+    loop.call_soon(emit, message, *args)
 
 
 def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:

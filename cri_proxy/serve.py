@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -273,6 +274,22 @@ class Proxy:
             await asyncio.sleep(interval)
 
 
+def settle_heap() -> int:
+    """Start-up is done: what it made (modules, protobuf descriptors, the Kubernetes client, the
+    loaded checkpoint: ~60,000 objects) is set aside from the garbage collector, so that a full
+    collection later goes over what the proxy made since. Each one otherwise stalls every call
+    for ~30 ms. Returns the objects set aside."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
+    """`cri-proxy serve`: the proxy in this process until SIGTERM."""
     proxy = Proxy(config, reload)
-    await run_until_signalled(proxy.start, proxy.stop)
+
+    async def start() -> None:
+        await proxy.start()
+        logger.debug("start-up heap set aside from the garbage collector: {} objects", settle_heap())
+
+    await run_until_signalled(start, proxy.stop)

@@ -23,6 +23,7 @@ from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.errors import CpuError
+from cri_proxy.logs import soon
 from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookError, HookTable
@@ -155,15 +156,17 @@ class EnforceHooks:
             )
         )
         decision, problems = self.policy.for_container(pod, pid)
+        # the lines about the decision are written after the request went on (`soon`)
         for problem in problems:
-            log.warning("{}: {}: {}", who, problem.kind, problem.message)
+            soon(log.warning, "{}: {}: {}", who, problem.kind, problem.message)
         self._refuse_bad_annotation(pod, problems, pid)
         if decision is None or decision.cpuset is None:
             why = decision.why if decision is not None else "not managed"
-            log.info("{}: {} -> cpuset left as is ({})", who, decision.qos if decision else None, why)
+            soon(log.info, "{}: {} -> cpuset left as is ({})", who, decision.qos if decision else None, why)
             return request
         cpus = str(decision.cpuset)
-        log.info(
+        soon(
+            log.info,
             "{}: {} -> cpuset {} ({}){}",
             who,
             decision.qos,

@@ -69,7 +69,7 @@ class HookRunner:
         return Forward(None, None)
 
     async def pre(self, info: MethodInfo, hooks: Hooks, raw: bytes) -> PreOutcome:
-        """Decode the request, run the pre hook on a copy, say what to send."""
+        """Decode the request, run the pre hook on it, say what to send."""
         began = perf_counter()
         try:
             message = info.request_type.FromString(raw)
@@ -82,10 +82,8 @@ class HookRunner:
             return Forward(None, None)
         if hooks.pre is None:
             return Forward(None, message)
-        work = type(message)()
-        work.CopyFrom(message)
         try:
-            changed = await hooks.pre(work, info)
+            changed = await hooks.pre(message, info)  # it may change `message` in place
         except HookError as exc:
             self._count(info, "pre", "refused", began)
             return Refuse(exc.code.value[0], exc.message)
@@ -94,7 +92,8 @@ class HookRunner:
             logger.opt(exception=exc).error("{}: pre hook failed: {}", info.path, exc)
             if self._policy(hooks) is FailPolicy.FAIL:
                 return Refuse(grpc.StatusCode.INTERNAL.value[0], f"cri-proxy: {info.name} hook failed: {exc}")
-            return Forward(None, message)
+            # forwarded as it came: the later hooks see that, not what the failed hook left half-changed
+            return Forward(None, info.request_type.FromString(raw))
         self._count(info, "pre", "ok", began)
         if changed is None:
             return Forward(None, message)

@@ -104,6 +104,22 @@ def test_notify_ready_watchdog_reloading_and_stopping(tmp_path: Path, notify_soc
     assert code == 0
 
 
+def test_the_start_up_heap_is_set_aside_from_the_garbage_collector(tmp_path: Path) -> None:
+    """Once serving, what start-up made is frozen: a full collection later does not walk the
+    ~60,000 objects of modules, descriptors and clients again (a ~30 ms stall of every call)."""
+    import re
+
+    daemon = Daemon(tmp_path, "", None, "--log-level", "DEBUG")
+    try:
+        pattern = re.compile(r"start-up heap set aside from the garbage collector: (\d+) objects")
+        _wait(lambda: pattern.search(daemon.logs()), what="the start-up heap set aside")
+        found = pattern.search(daemon.logs())
+        assert found is not None and int(found.group(1)) > 10_000
+        assert daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_sighup_applies_what_can_change_and_names_what_cannot(tmp_path: Path) -> None:
     daemon = Daemon(tmp_path, 'reserved_cpus = ""\n')
     try:

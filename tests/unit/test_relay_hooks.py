@@ -139,8 +139,13 @@ def test_a_hook_that_raises_follows_the_fail_policy(
         request.config.linux.resources.cpuset_cpus = "7"  # type: ignore[attr-defined]
         raise RuntimeError("hook bug")
 
+    seen: list[str] = []
+
+    async def post(request: Message, response: Message, info: MethodInfo) -> None:
+        seen.append(request.config.linux.resources.cpuset_cpus)  # type: ignore[attr-defined]
+
     hooks = HookTable()
-    hooks.register("CreateContainer", pre=pre, fail_policy=own)
+    hooks.register("CreateContainer", pre=pre, post=post, fail_policy=own)
 
     async def main() -> None:
         async with bed(hooks, fail_policy=policy) as b, b.channel() as ch:
@@ -149,6 +154,7 @@ def test_a_hook_that_raises_follows_the_fail_policy(
                 cid = await _sandbox_and_create(ch, v1)
                 # forwarded unchanged: the half-done change of the failed hook is not sent
                 assert b.fake.store.containers[cid].resources.cpuset_cpus == ""
+                assert seen == [""]  # and the post hook is told what was sent, not the half-done change
             else:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await _sandbox_and_create(ch, v1)

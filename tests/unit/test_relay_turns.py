@@ -1,9 +1,10 @@
 """What the frame relay's asyncio adapter writes, and when, for a hooked call (fake transports: the
 byte-level behaviour is tested against real sockets and containerd elsewhere). A pre hook that ends
 in the turn its request ended in lets the request's HEADERS and DATA leave in one write; a post hook
-runs in the turn the answer came in, after the answer is written, without a task of its own. The
-last test checks on real sockets, under both event loops, that "written" means in the client's
-socket already (both loops make the write's system call at once when nothing waits to be sent)."""
+runs in the turn the answer came in, after the answer is written, without a task of its own; the
+proxy's line about a create is written after the request. One test checks on real sockets, under
+both event loops, that "written" means in the client's socket already (both loops make the write's
+system call at once when nothing waits to be sent)."""
 
 from __future__ import annotations
 
@@ -248,3 +249,43 @@ def test_the_answer_reaches_the_client_socket_before_the_post_hook_runs(
         loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+def test_the_line_about_a_create_is_written_after_the_request_went_on(tmp_path: Any) -> None:
+    """The proxy's own hooks: the INFO line saying what CreateContainer was given (formatting it
+    and writing it to journald is a good part of a hooked call's time) comes after the request's
+    write to the runtime, in the next loop step, not before it."""
+    from loguru import logger
+
+    from cri_proxy.enforce.hooks import pod_record
+    from cri_proxy.serve import Proxy
+    from tests.unit.enforce_support import fake_sysfs
+
+    log: list[tuple[str, bytes]] = []
+    sink = logger.add(lambda m: log.append(("log", str(m).encode())), level="INFO", format="{message}")
+
+    async def main() -> None:
+        config = Config(
+            runtime_endpoint="unix:///nonexistent/runtime.sock",
+            state_dir=str(tmp_path / "state"),
+            kubelet_state_file=str(tmp_path / "cpu_manager_state"),
+            sysfs_root=str(fake_sysfs(tmp_path / "sys", {0: "0-7"})),
+        ).validate()
+        proxy = Proxy(config)
+        sandbox = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="web", namespace="d", uid="u1"))
+        sandbox.linux.cgroup_parent = "/kubepods/besteffort/podu1"
+        proxy.state.put_pod(pod_record("s1", sandbox, "v1"))
+        link, client, _server = connected(proxy.table, log)
+        meta = pb.ContainerMetadata(name="app")
+        request = pb.CreateContainerRequest(pod_sandbox_id="s1", config=pb.ContainerConfig(metadata=meta))
+        send_call(client, request.SerializeToString())
+        link.data_received(client.data_to_send())
+        assert [who for who, _ in log] == ["runtime"]  # the request went on; nothing logged yet
+        await asyncio.sleep(0)
+        assert [who for who, _ in log] == ["runtime", "log"]
+        assert b"d/web app: BE -> cpuset 0-7" in log[1][1]
+
+    try:
+        run(main())
+    finally:
+        logger.remove(sink)
