@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Hooked CreateContainer, before and after: two checkouts' proxies in front of one runtime, in turns.
+
+One proxy runs this checkout, the other the checkout given with `--against` (e.g. `git worktree add
+/tmp/base main`; its `cri_proxy` comes first on that proxy's PYTHONPATH), both at their default log
+level unless `--serve-args` says otherwise. Each round sends one CreateContainer direct and one
+through each proxy, in an order that rotates, so that the machine's noise (large on a shared
+2-vCPU VM, where runs a minute apart differ by more than most changes) hits the three alike.
+Prints each proxy's added p50 against direct, the median of its paired differences, the same per
+block of the run, and the paired median of this checkout minus the other.
+
+    .venv/bin/python bench/ab_create.py --against /tmp/base --runtime fake -n 800
+    .venv/bin/python bench/ab_create.py --against /tmp/base -n 400 --pod-each
+    .venv/bin/python bench/ab_create.py --against /tmp/base --gap 0.02   # calls spaced as a kubelet's
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, start_fake_runtime, start_proxy, stop_all
+from relay import Target
+
+from cri_api.v1 import api_pb2 as pb
+
+ORDERS = (
+    ("d", "a", "b"),
+    ("a", "b", "d"),
+    ("b", "d", "a"),
+    ("d", "b", "a"),
+    ("b", "a", "d"),
+    ("a", "d", "b"),
+)
+WARM = 20  # rounds not counted (connections, caches, the first plans)
+
+
+def start_pair(
+    work: Path, runtime: str, against: Path, serve_args: list[str]
+) -> tuple[list[Any], dict[str, Target]]:
+    """Proxy a (this checkout) and b (`against`) in front of `runtime`: (processes, targets)."""
+    procs: list[Any] = []
+    targets: dict[str, Target] = {}
+    for name, code in (("a", ROOT), ("b", against)):
+        where = work / name
+        where.mkdir()
+        config = where / "proxy.toml"
+        config.write_text("reconcile_period_seconds = 0\n")  # no periodic pass in the middle of a run
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = str(code)
+        try:
+            proc, address = start_proxy(
+                where, runtime, "--config", str(config), *serve_args, log=where / "proxy.log"
+            )
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
+        procs.append(proc)
+        targets[name] = Target(address)
+    return procs, targets
+
+
+def rounds(targets: dict[str, Target], n: int, pod_each: bool, gap: float) -> dict[str, list[float]]:
+    """Seconds of each CreateContainer per target ("d": direct), `n` rounds after the warm-up."""
+    from kube import container_config, pod_sandbox_config
+
+    run_pod = {
+        k: t.channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox") for k, t in targets.items()
+    }
+    create = {k: t.call("/runtime.v1.RuntimeService/CreateContainer") for k, t in targets.items()}
+
+    def new_pod(k: str, label: str) -> tuple[str, Any]:
+        config = pod_sandbox_config(pb, f"ab-{label}", qos="besteffort", labels={"bench": "ab"})
+        reply = run_pod[k](pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=60)
+        return pb.RunPodSandboxResponse.FromString(reply).pod_sandbox_id, config
+
+    shared = {k: new_pod(k, f"shared-{k}") for k in targets}
+    # what the proxies inject into a BE container here (every online CPU), sent direct too
+    cpus = Path("/sys/devices/system/cpu/online").read_text().strip()
+    out: dict[str, list[float]] = {k: [] for k in targets}
+    for i in range(n + WARM):
+        for k in ORDERS[i % len(ORDERS)]:
+            pod_id, pod = new_pod(k, f"{k}{i}") if pod_each else shared[k]
+            config = container_config(pb, pod, f"c{k}{i}")
+            if k == "d":
+                config.linux.resources.cpuset_cpus = cpus
+            request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod)
+            body = request.SerializeToString()
+            if gap:
+                time.sleep(gap)
+            t0 = time.perf_counter()
+            create[k](body, timeout=60)
+            if i >= WARM:
+                out[k].append(time.perf_counter() - t0)
+    return out
+
+
+def report(out: dict[str, list[float]], names: dict[str, str], blocks: int = 5) -> None:
+    d = out["d"]
+    n = len(d)
+    size = max(1, n // blocks)
+    ms: Callable[[float], str] = lambda s: f"{s * 1e3:.3f}"  # noqa: E731
+    print(f"direct p50 {ms(statistics.median(d))} ms")
+    for k in ("a", "b"):
+        p = out[k]
+        added = statistics.median(p) - statistics.median(d)
+        paired = statistics.median(y - x for x, y in zip(d, p, strict=True))
+        per = [
+            statistics.median(p[i : i + size]) - statistics.median(d[i : i + size])
+            for i in range(0, n - size + 1, size)
+        ]
+        print(
+            f"  {k} {names[k]}: added p50 {ms(added)} ms | paired median {ms(paired)} ms"
+            f" | per block of {size}: {', '.join(ms(x) for x in per)}"
+        )
+    diff = statistics.median(x - y for x, y in zip(out["a"], out["b"], strict=True))
+    print(f"  a - b, paired median: {ms(diff)} ms (negative: this checkout is faster)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--against", type=Path, required=True, help="the other checkout (its root)")
+    parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd")
+    parser.add_argument("-n", type=int, default=400, help="rounds (one create per path each)")
+    parser.add_argument("--pod-each", action="store_true", help="each create in a pod of its own")
+    parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
+    parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
+    args = parser.parse_args()
+    if not (args.against / "cri_proxy").is_dir():
+        raise SystemExit(f"--against {args.against}: no cri_proxy package there")
+
+    work = Path(tempfile.mkdtemp(prefix="cri-ab-"))
+    procs: list[Any] = []
+    containerd = None
+    try:
+        if args.runtime == "containerd":
+            from containerd import PrivateContainerd, missing_tools, run_setup_script
+
+            if missing_tools():
+                run_setup_script()
+            containerd = PrivateContainerd().start()
+            runtime = containerd.address
+        else:
+            fake, runtime = start_fake_runtime(work, "--log-level", "WARNING")
+            procs.append(fake)
+        pair, targets = start_pair(work, runtime, args.against, args.serve_args.split())
+        procs += pair
+        targets["d"] = Target(runtime)
+        shape = "a pod each" if args.pod_each else "one growing pod"
+        print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
+        report(rounds(targets, args.n, args.pod_each, args.gap), {"a": str(ROOT), "b": str(args.against)})
+    finally:
+        stop_all(procs)
+        if containerd is not None:
+            from containerd import connect, remove_all_pods
+
+            with connect(containerd.address) as cri:
+                remove_all_pods(cri, timeout=120)
+            containerd.stop()
+
+
+if __name__ == "__main__":
+    main()
