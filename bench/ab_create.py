@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, start_fake_runtime, start_proxy, stop_all
+from common import ROOT, runtime, start_proxy, stop_all
 from relay import Target
 
 from cri_api.v1 import api_pb2 as pb
@@ -42,10 +42,9 @@ WARM = 20  # rounds not counted (connections, caches, the first plans)
 
 
 def start_pair(
-    work: Path, runtime: str, against: Path, serve_args: list[str]
-) -> tuple[list[Any], dict[str, Target]]:
-    """Proxy a (this checkout) and b (`against`) in front of `runtime`: (processes, targets)."""
-    procs: list[Any] = []
+    work: Path, endpoint: str, against: Path, serve_args: list[str], procs: list[Any]
+) -> dict[str, Target]:
+    """Proxy a (this checkout) and b (`against`) in front of `endpoint`, their processes put in `procs`."""
     targets: dict[str, Target] = {}
     for name, code in (("a", ROOT), ("b", against)):
         where = work / name
@@ -56,7 +55,7 @@ def start_pair(
         os.environ["PYTHONPATH"] = str(code)
         try:
             proc, address = start_proxy(
-                where, runtime, "--config", str(config), *serve_args, log=where / "proxy.log"
+                where, endpoint, "--config", str(config), *serve_args, log=where / "proxy.log"
             )
         finally:
             if saved is None:
@@ -65,7 +64,7 @@ def start_pair(
                 os.environ["PYTHONPATH"] = saved
         procs.append(proc)
         targets[name] = Target(address)
-    return procs, targets
+    return targets
 
 
 def rounds(targets: dict[str, Target], n: int, pod_each: bool, gap: float) -> dict[str, list[float]]:
@@ -140,33 +139,16 @@ def main() -> None:
         raise SystemExit(f"--against {args.against}: no cri_proxy package there")
 
     work = Path(tempfile.mkdtemp(prefix="cri-ab-"))
-    procs: list[Any] = []
-    containerd = None
-    try:
-        if args.runtime == "containerd":
-            from containerd import PrivateContainerd, missing_tools, run_setup_script
-
-            if missing_tools():
-                run_setup_script()
-            containerd = PrivateContainerd().start()
-            runtime = containerd.address
-        else:
-            fake, runtime = start_fake_runtime(work, "--log-level", "WARNING")
-            procs.append(fake)
-        pair, targets = start_pair(work, runtime, args.against, args.serve_args.split())
-        procs += pair
-        targets["d"] = Target(runtime)
-        shape = "a pod each" if args.pod_each else "one growing pod"
-        print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
-        report(rounds(targets, args.n, args.pod_each, args.gap), {"a": str(ROOT), "b": str(args.against)})
-    finally:
-        stop_all(procs)
-        if containerd is not None:
-            from containerd import connect, remove_all_pods
-
-            with connect(containerd.address) as cri:
-                remove_all_pods(cri, timeout=120)
-            containerd.stop()
+    with runtime(args.runtime, work) as address:
+        procs: list[Any] = []
+        try:
+            targets = start_pair(work, address, args.against, args.serve_args.split(), procs)
+            targets["d"] = Target(address)
+            shape = "a pod each" if args.pod_each else "one growing pod"
+            print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
+            report(rounds(targets, args.n, args.pod_each, args.gap), {"a": str(ROOT), "b": str(args.against)})
+        finally:
+            stop_all(procs)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ in the bench's temp directory (`tests.processes.serve_command`), never the node'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +27,7 @@ __all__ = [
     "ROOT",
     "proc_figures",
     "rss_kib",
+    "runtime",
     "start_fake_runtime",
     "start_proxy",
     "stop_all",
@@ -84,6 +86,32 @@ def stop_all(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 30.0) ->
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@contextlib.contextmanager
+def runtime(kind: str, work: Path) -> Iterator[str]:
+    """The runtime a bench measures against, its endpoint: a private real containerd ("containerd";
+    root; Debian's containerd and runc installed when missing) or the fake runtime in `work`.
+    Stopped at the end, containerd's pods removed first (nothing left behind for the next run)."""
+    if kind != "containerd":
+        fake, address = start_fake_runtime(work, "--log-level", "WARNING")
+        try:
+            yield address
+        finally:
+            stop_all([fake])
+        return
+    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+    from containerd import PrivateContainerd, connect, missing_tools, remove_all_pods, run_setup_script
+
+    if missing_tools():
+        run_setup_script()
+    containerd = PrivateContainerd().start()
+    try:
+        yield containerd.address
+    finally:
+        with connect(containerd.address) as cri:
+            remove_all_pods(cri, timeout=120)
+        containerd.stop()
 
 
 def rss_kib(pid: int | str = "self") -> int:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import ROOT, proc_figures, rss_kib, start_fake_runtime, start_proxy, stop_all
+from common import ROOT, proc_figures, rss_kib, runtime, start_proxy, stop_all
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
@@ -268,80 +268,71 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="cri-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
-    containerd = None
-    try:
-        if args.runtime == "containerd":
-            from containerd import PrivateContainerd, missing_tools, run_setup_script
+    with runtime(args.runtime, work) as runtime_address:
+        try:
+            run(args, work, runtime_address, procs)
+        finally:
+            stop_all(procs)
 
-            if missing_tools():
-                run_setup_script()
-            containerd = PrivateContainerd().start()
-            runtime_address = containerd.address
-        else:
-            fake, runtime_address = start_fake_runtime(work, "--log-level", "WARNING")
-            procs.append(fake)
-        relay_mode = ["--relay-mode", args.relay_mode] if args.relay_mode else []
-        metrics = f"127.0.0.1:{free_port()}"
-        # no periodic pass during the run (it re-reads every container's cpuset: 2,000 status calls
-        # to the runtime every 30 s, in the middle of a measurement); passes on changes still run
-        config = work / "proxy.toml"
-        config.write_text("reconcile_period_seconds = 0\n")
-        # at its default log level, as on a node (a line per CreateContainer), into the work dir
-        proxy_proc, proxy_address = start_proxy(
-            work,
-            runtime_address,
-            "--config",
-            str(config),
-            "--metrics-address",
-            metrics,
-            *relay_mode,
-            log=work / "proxy.log",
-        )
-        procs.append(proxy_proc)
-        global PROXY_PID
-        PROXY_PID = proxy_proc.pid
-        direct, proxy = Target(runtime_address), Target(proxy_address)
-        print(
-            f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}"
-            f" (relay mode {args.relay_mode or 'default'}; log {work / 'proxy.log'}); "
-            f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs",
-            flush=True,
-        )
-        rss_start = rss_kib(proxy_proc.pid)
 
-        rs = "/runtime.v1.RuntimeService/"
-        empty = b""
-        measure(
-            "Version",
-            rs + "Version",
-            pb.VersionRequest(version="v1").SerializeToString(),
-            direct,
-            proxy,
-            args.n,
-        )
-        if args.sequential:
-            sequential(direct, proxy, args.sequential)
-        populate(proxy_address, 1, 10)  # through the proxy: it knows the node as in production
-        measure("ListPodSandbox (1 pod)", rs + "ListPodSandbox", empty, direct, proxy, args.n)
-        measure("ListImages", "/runtime.v1.ImageService/ListImages", empty, direct, proxy, args.n)
-        measure("ListContainers (10)", rs + "ListContainers", empty, direct, proxy, args.n)
-        populate(proxy_address, 11, 90)  # 10 + 990 = 1,000 containers
-        measure("ListContainers (1,000)", rs + "ListContainers", empty, direct, proxy, max(50, args.n // 5))
-        big_pod = populate(proxy_address, 1, 256, annotation_bytes=BIG_ANNOTATION, label="big")
-        big = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=big_pod)).SerializeToString()
-        measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
-        if args.creates:
-            hooked_create(direct, proxy, args.creates, metrics)
-            hooked_create(direct, proxy, args.creates, metrics, pod_each=True)
-        print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
-    finally:
-        stop_all(procs)
-        if containerd is not None:
-            from containerd import connect, remove_all_pods
+def run(
+    args: argparse.Namespace, work: Path, runtime_address: str, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Every measure against `runtime_address`; the proxy started goes into `procs`."""
+    relay_mode = ["--relay-mode", args.relay_mode] if args.relay_mode else []
+    metrics = f"127.0.0.1:{free_port()}"
+    # no periodic pass during the run (it re-reads every container's cpuset: 2,000 status calls
+    # to the runtime every 30 s, in the middle of a measurement); passes on changes still run
+    config = work / "proxy.toml"
+    config.write_text("reconcile_period_seconds = 0\n")
+    # at its default log level, as on a node (a line per CreateContainer), into the work dir
+    proxy_proc, proxy_address = start_proxy(
+        work,
+        runtime_address,
+        "--config",
+        str(config),
+        "--metrics-address",
+        metrics,
+        *relay_mode,
+        log=work / "proxy.log",
+    )
+    procs.append(proxy_proc)
+    global PROXY_PID
+    PROXY_PID = proxy_proc.pid
+    direct, proxy = Target(runtime_address), Target(proxy_address)
+    print(
+        f"runtime: {args.runtime} ({runtime_address}); proxy pid {proxy_proc.pid}"
+        f" (relay mode {args.relay_mode or 'default'}; log {work / 'proxy.log'}); "
+        f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    rss_start = rss_kib(proxy_proc.pid)
 
-            with connect(containerd.address) as cri:
-                remove_all_pods(cri, timeout=120)
-            containerd.stop()
+    rs = "/runtime.v1.RuntimeService/"
+    empty = b""
+    measure(
+        "Version",
+        rs + "Version",
+        pb.VersionRequest(version="v1").SerializeToString(),
+        direct,
+        proxy,
+        args.n,
+    )
+    if args.sequential:
+        sequential(direct, proxy, args.sequential)
+    populate(proxy_address, 1, 10)  # through the proxy: it knows the node as in production
+    measure("ListPodSandbox (1 pod)", rs + "ListPodSandbox", empty, direct, proxy, args.n)
+    measure("ListImages", "/runtime.v1.ImageService/ListImages", empty, direct, proxy, args.n)
+    measure("ListContainers (10)", rs + "ListContainers", empty, direct, proxy, args.n)
+    populate(proxy_address, 11, 90)  # 10 + 990 = 1,000 containers
+    measure("ListContainers (1,000)", rs + "ListContainers", empty, direct, proxy, max(50, args.n // 5))
+    big_pod = populate(proxy_address, 1, 256, annotation_bytes=BIG_ANNOTATION, label="big")
+    big = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=big_pod)).SerializeToString()
+    measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
+    if args.creates:
+        hooked_create(direct, proxy, args.creates, metrics)
+        hooked_create(direct, proxy, args.creates, metrics, pod_each=True)
+    print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
 
 
 if __name__ == "__main__":
