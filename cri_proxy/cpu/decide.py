@@ -432,8 +432,7 @@ def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) ->
     decisions: dict[str, ContainerDecision] = {}
     problems: list[Problem] = []
     shared: _Rule | None = None
-    maybe_kubelet = view.cgroup is not None and view.cgroup.qos is KubeQoS.GUARANTEED
-    if not (maybe_kubelet and kube):
+    if not _per_container(view, kube):
         # no per-container kubelet entry to look up: every container gets the same decision
         if pod.containers:
             shared = decider.pod_rule(view, classify(view.label, view.allocation, view.cgroup, None))
@@ -457,6 +456,12 @@ def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) ->
         for kind, text, held in shared.notes:
             problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
     return pod, decisions, problems, _exclusive(decisions)
+
+
+def _per_container(view: _PodView, kube: KubeletState | None) -> bool:
+    """Whether the pod's containers may each have a kubelet entry of their own (a Guaranteed pod,
+    and a kubelet state): then each is decided alone; else they all share the pod's rule."""
+    return view.cgroup is not None and view.cgroup.qos is KubeQoS.GUARANTEED and bool(kube)
 
 
 def _exclusive(decisions: Mapping[str, ContainerDecision]) -> list[str]:
@@ -772,7 +777,13 @@ def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> Conta
     found = next((made[id(pod)][1] for pod in reversed(pods[at:]) if _holds(pod, container_id)), None)
     if found is None or found.view.pod.key in memo.troubled:  # another sandbox of the pod has problems
         return None
-    _, decisions, problems, exclusive = _decide_pod(found.view, decider, kube)
+    view = found.view
+    if not _per_container(view, kube):  # the pod's one rule, without deciding its other containers
+        rule = decider.pod_rule(view, classify(view.label, view.allocation, view.cgroup, None))
+        if rule.notes or (rule.qos in EXCLUSIVE_CLASSES and rule.cpuset):
+            return None  # `_decide_pod` would give the pod problems, or exclusive containers
+        return ContainerDecision(view.pod.key, rule.qos, rule.cpuset, rule.why)
+    _, decisions, problems, exclusive = _decide_pod(view, decider, kube)
     if problems or exclusive:
         return None
     return decisions.get(container_id)
