@@ -95,8 +95,8 @@ class HookRunner:
             # forwarded as it came: the later hooks see that, not what the failed hook left half-changed
             return Forward(None, info.request_type.FromString(raw))
         self._count(info, "pre", "ok", began)
-        if changed is None:
-            return Forward(None, message)
+        if changed is None:  # outside the hook's contract: what it may have changed in place is sent
+            changed = message
         return Forward(changed.SerializeToString(), changed)
 
     async def post(self, info: MethodInfo, hooks: Hooks, request: Message, raw: bytes) -> None:
