@@ -435,14 +435,14 @@ def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) ->
     if not _per_container(view, kube):
         # no per-container kubelet entry to look up: every container gets the same decision
         if pod.containers:
-            shared = decider.pod_rule(view, classify(view.label, view.allocation, view.cgroup, None))
+            shared = _shared_rule(view, decider)
             decisions = dict.fromkeys(
                 [c.id for c in pod.containers], ContainerDecision(key, shared.qos, shared.cpuset, shared.why)
             )
             for c in pod.containers if shared.notes else ():
                 for kind, text, held in shared.notes:
                     problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
-        exclusive = list(decisions) if shared and shared.qos in EXCLUSIVE_CLASSES and shared.cpuset else []
+        exclusive = list(decisions) if shared and _pins_exclusive(shared) else []
         return pod, decisions, problems, exclusive
     for c in pod.containers:
         kcpus = kube.container_cpus(pod.uid, c.name, c.id) if kube else None
@@ -456,6 +456,16 @@ def _decide_pod(view: _PodView, decider: _Decider, kube: KubeletState | None) ->
         for kind, text, held in shared.notes:
             problems.append(Problem(key, kind, f"container {c.name}: {text}", held))
     return pod, decisions, problems, _exclusive(decisions)
+
+
+def _shared_rule(view: _PodView, decider: _Decider) -> _Rule:
+    """The rule all containers of a pod share when none has a kubelet entry of its own."""
+    return decider.pod_rule(view, classify(view.label, view.allocation, view.cgroup, None))
+
+
+def _pins_exclusive(rule: _Rule) -> bool:
+    """Whether containers under `rule` hold CPUs exclusively (LSE/LSR with a cpuset)."""
+    return rule.qos in EXCLUSIVE_CLASSES and bool(rule.cpuset)
 
 
 def _per_container(view: _PodView, kube: KubeletState | None) -> bool:
@@ -779,8 +789,8 @@ def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> Conta
         return None
     view = found.view
     if not _per_container(view, kube):  # the pod's one rule, without deciding its other containers
-        rule = decider.pod_rule(view, classify(view.label, view.allocation, view.cgroup, None))
-        if rule.notes or (rule.qos in EXCLUSIVE_CLASSES and rule.cpuset):
+        rule = _shared_rule(view, decider)
+        if rule.notes or _pins_exclusive(rule):
             return None  # `_decide_pod` would give the pod problems, or exclusive containers
         return ContainerDecision(view.pod.key, rule.qos, rule.cpuset, rule.why)
     _, decisions, problems, exclusive = _decide_pod(view, decider, kube)

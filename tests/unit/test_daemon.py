@@ -106,7 +106,8 @@ def test_notify_ready_watchdog_reloading_and_stopping(tmp_path: Path, notify_soc
 
 def test_the_start_up_heap_is_set_aside_from_the_garbage_collector(tmp_path: Path) -> None:
     """Once serving, what start-up made is frozen: a full collection later does not walk the
-    ~60,000 objects of modules, descriptors and clients again (a ~30 ms stall of every call)."""
+    tens of thousands of objects of modules, descriptors and clients again (a ~30 ms stall of
+    every call)."""
     import re
 
     daemon = Daemon(tmp_path, "", None, "--log-level", "DEBUG")
