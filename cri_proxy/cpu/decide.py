@@ -378,6 +378,7 @@ class DecideMemo:
         "decider",
         "extra",
         "folds",
+        "kube",
         "merged",
         "online",
         "parsed",
@@ -398,7 +399,8 @@ class DecideMemo:
         self.merged: dict[str, ContainerDecision] = {}  # the last call's decisions (never changed)
         self.changed: Changed | None = None
         self.reserved: CPUSet | None = None  # the last call's reserved CPUs (the pools depend on them)
-        self.decider: _Decider | None = None  # the last call's, for `decide_one`
+        self.decider: _Decider | None = None  # the last call's, for `decide_one` and `decide_added`
+        self.kube: KubeletState | None = None  # the last call's kubelet state (static policy), ditto
         self.extra: dict[int, tuple[PodInfo, _Entry]] = {}  # id(pod) -> part `decide_one` made since
         self.troubled: frozenset[str | None] = frozenset()  # keys of the pods the last plan has problems of
 
@@ -688,7 +690,7 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
     else:
         memo.changed = None
     memo.context, memo.online, memo.seq = context, online, pods
-    memo.reserved, memo.decider, memo.extra = inputs.reserved, decider, {}
+    memo.reserved, memo.decider, memo.extra, memo.kube = inputs.reserved, decider, {}, kube
     memo.parsed, memo.pods, memo.merged = kept_parsed, kept_pods, decisions
     last = None
     if survey_before_last is not None and decided_before_last is not None:
@@ -797,3 +799,31 @@ def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> Conta
     if problems or exclusive:
         return None
     return decisions.get(container_id)
+
+
+def decide_added(memo: DecideMemo, pod: PodInfo, container_id: str) -> ContainerDecision | None:
+    """What `decide` would decide for container `container_id` added to `pod` (one of the last
+    call's pods, the very object), when the inputs are the last call's but for that container: the
+    caller's to know.
+
+    Sure when the new container moves no pool and its pod's containers share one rule: a pod's
+    survey part does not depend on its containers, except that the kubelet's entry of a container
+    in a pod whose kubelet entries are overridden (`skip`) no longer counts, so such a pod's new
+    container must have none; then the pools stay the last call's, and the new container gets the
+    pod's rule, which does not look at the containers. None otherwise, and when the rule carries a
+    problem or pins CPUs (the caller then folds or plans, which says why). Reads the memo, changes
+    nothing: a CreateContainer asks this before its pending record goes in."""
+    decider, kube = memo.decider, memo.kube
+    hit = memo.parsed.get(id(pod))
+    if decider is None or hit is None or hit[0] is not pod:
+        return None
+    entry = hit[1]
+    if entry.skip and kube is not None and container_id in kube.container_entries:
+        return None
+    view = entry.view
+    if pod.key in memo.troubled or _per_container(view, kube):
+        return None
+    rule = _shared_rule(view, decider)
+    if rule.notes or _pins_exclusive(rule):
+        return None
+    return ContainerDecision(pod.key, rule.qos, rule.cpuset, rule.why)

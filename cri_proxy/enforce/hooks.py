@@ -77,6 +77,7 @@ class EnforceHooks:
         self.replaced = 0  # UpdateContainerResources whose cpuset the decision replaced (a metric)
         # sandboxes first seen in a CreateContainer's sandbox_config, until the runtime confirms them
         self._learned: set[str] = set()
+        self._planning: asyncio.Handle | None = None  # the plan to make after this loop turn
 
     @property
     def fail_policy(self) -> FailPolicy:
@@ -105,6 +106,21 @@ class EnforceHooks:
         table.register("StopPodSandbox", post=self.pod_stopped)
         table.register("RemovePodSandbox", post=self.pod_removed)
 
+    def _plan_soon(self) -> None:
+        """After a change to the pods the rules see: make the plan in a later loop turn (the call's
+        answer is written by then; the changes of one turn make one plan), so that the next
+        CreateContainer reads its decision from it (`Policy.before_create`) instead of deciding
+        on its call's path."""
+        if self._planning is None:
+            self._planning = asyncio.get_running_loop().call_soon(self._make_plan)
+
+    def _make_plan(self) -> None:
+        self._planning = None
+        try:
+            self.policy.plan()
+        except Exception as exc:  # no call waits on this one; a create decides as it did before
+            logger.opt(exception=exc).error("making the plan after a change failed: {}", exc)
+
     # -- sandboxes ----------------------------------------------------------------------------
     async def run_pod_sandbox(self, request: Message, response: Message, info: MethodInfo) -> None:
         req: Any = request
@@ -114,15 +130,18 @@ class EnforceHooks:
         # class nor allocation (nor has an API view) moves nothing: it has no containers yet
         if may_move_pools(pod.labels, pod.annotations) or self.state.has_api_view(pod.uid):
             self.reconciler.request()
+        self._plan_soon()
 
     async def pod_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
         if self.state.stop_pod(request.pod_sandbox_id):  # type: ignore[attr-defined]
             self.reconciler.request()
+            self._plan_soon()
 
     async def pod_removed(self, request: Message, response: Message, info: MethodInfo) -> None:
         self.state.remove_pod(request.pod_sandbox_id)  # type: ignore[attr-defined]
         self._learned.discard(request.pod_sandbox_id)  # type: ignore[attr-defined]
         self.reconciler.request()
+        self._plan_soon()
 
     # -- containers ---------------------------------------------------------------------------
     def _decision_for(self, container_id: str) -> ContainerDecision | None:
@@ -144,6 +163,7 @@ class EnforceHooks:
         log, who = about_pod(pod, name)
         log.opt(lazy=True).debug("CreateContainer {}: {}", lambda: who, lambda: dump(req))
         pid = pending_id(pod.sandbox_id, name, attempt)
+        early = self.policy.before_create(pod, pid)  # from the plan made since the last change
         self.state.put_container(
             ContainerRecord(
                 id=pid,
@@ -155,7 +175,7 @@ class EnforceHooks:
                 api_version=info.version,
             )
         )
-        decision, problems = self.policy.for_container(pod, pid)
+        decision, problems = self.policy.for_container(pod, pid, early)
         # the lines about the decision are written after the request went on (`soon`)
         for problem in problems:
             soon(log.warning, "{}: {}: {}", who, problem.kind, problem.message)
@@ -228,6 +248,7 @@ class EnforceHooks:
         )
         self._learned.discard(req.pod_sandbox_id)
         kept = resources_bytes(resources)
+        self._plan_soon()
         if self.state.rename_container(pid, cid, resources=kept, applied=applied):
             if not settled:
                 self.reconciler.request()
@@ -257,6 +278,7 @@ class EnforceHooks:
                 # forget it, or its exclusive CPUs would stay carved out of the pools
                 self.state.remove_pod(sid)
         self.reconciler.request()  # roll back: pools widen again if this was exclusive
+        self._plan_soon()
 
     def _refuse_offline(self, container_id: str, requested: str) -> None:
         """A cpuset naming CPUs that are not online is refused, as the runtime would have."""
@@ -337,7 +359,9 @@ class EnforceHooks:
     async def container_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
         self.state.update_container(request.container_id, state=ContainerState.EXITED)  # type: ignore[attr-defined]
         self.reconciler.request()
+        self._plan_soon()
 
     async def container_removed(self, request: Message, response: Message, info: MethodInfo) -> None:
         if self.state.remove_container(request.container_id) is not None:  # type: ignore[attr-defined]
             self.reconciler.request()
+            self._plan_soon()

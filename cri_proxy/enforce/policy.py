@@ -6,12 +6,12 @@ import functools
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
-from cri_proxy.cpu.decide import Changed, ContainerDecision, DecideMemo, decide_one
+from cri_proxy.cpu.decide import Changed, ContainerDecision, DecideMemo, decide_added, decide_one
 from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, overlaps
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
@@ -22,6 +22,15 @@ from cri_proxy.state.model import LIVE_STATES, NodeState, PodRecord
 def _cpus(text: str) -> CPUSet:
     """A configured CPU list (validated at load), parsed once per text, not on every plan."""
     return CPUSet.parse(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Early:
+    """A create's decision, read from the last plan before its pending record went in."""
+
+    plan: Plan  # the plan it was read from
+    at: int  # the state's change-log position then
+    decision: ContainerDecision
 
 
 class Policy:
@@ -140,17 +149,49 @@ class Policy:
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
 
+    def before_create(self, pod: PodRecord, container_id: str) -> Early | None:
+        """What the plan will decide for container `container_id` about to be added to `pod`
+        (before its pending record goes in), read from the last plan when its rules saw the very
+        pods there are now (`decide_added`): nothing is decided on the call's path. The hooks make
+        the plan between calls for this. None when not sure: `for_container` then decides."""
+        cached = self._cached
+        state = self.state
+        if cached is None or cached[1] != self._facts_version or cached[2] is not self.settings():
+            return None
+        if state.pod_infos() is not self._memo.seq:  # the pods changed since the last plan
+            return None
+        info = state.ready_info(pod.sandbox_id)
+        if info is None or any(key == pod.key for key, _ in state.pod_problems()):
+            return None
+        if pod.key in state.api_sourced():  # the plan says where the API's values came from
+            return None
+        decision = decide_added(self._memo, info, container_id)
+        return Early(cached[3], state.position, decision) if decision is not None else None
+
     def for_container(
-        self, pod: PodRecord, container_id: str
+        self, pod: PodRecord, container_id: str, early: Early | None = None
     ) -> tuple[ContainerDecision | None, list[Problem]]:
         """The current plan's decision for a container of `pod`, and the pod's problems. Without
         making the plan when the pods changed since the last one only in ways that cannot change
-        the pools (`decide_one`): a CreateContainer then costs its pod, not the node."""
+        the pools: `early` (from `before_create`) when the container's pending record is the only
+        change since, else `decide_one`: a CreateContainer then costs its pod, not the node."""
+        if early is not None and self._early_holds(early, container_id):
+            self._one_asked = (self.state.generation, container_id, early.decision)  # for the post hook
+            return early.decision, []
         fast = self._one(pod, container_id)
         if fast is not None:
             return fast, []  # sure only for a pod with no problem
         plan = self.plan()
         return plan.containers.get(container_id), [p for p in plan.problems if p.pod == pod.key]
+
+    def _early_holds(self, early: Early, container_id: str) -> bool:
+        cached = self._cached
+        if cached is None or cached[3] is not early.plan:
+            return False
+        if cached[1] != self._facts_version or cached[2] is not self.settings():
+            return False
+        changed, _ = self.state.changes(early.at)
+        return changed == {container_id} and self.state.container(container_id) is not None
 
     def as_decided(self, pod: PodRecord, container_id: str, applied: str) -> bool:
         """Whether a container has cpuset `applied` as the plan decides now, on a node without

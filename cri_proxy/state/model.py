@@ -175,6 +175,14 @@ class NodeState:
             self._ready_view = tuple(self._ready)  # type: ignore[arg-type]  # every place is filled
             return self._ready_view
 
+    def ready_info(self, sandbox_id: str) -> PodInfo | None:
+        """The PodInfo `pod_infos` last handed out for a ready pod, while nothing of the pod changed
+        since; None when the pod is not ready, or changed (`pod_infos` builds it again)."""
+        with self._lock:
+            if not self._indexed or sandbox_id in self._stale:
+                return None
+            return self._infos.get(sandbox_id)
+
     def _info(self, p: PodRecord) -> PodInfo:
         info = self._infos[p.sandbox_id] = self._pod_info(p)
         return info
@@ -361,6 +369,12 @@ class NodeState:
                 self._log_start += half
         else:
             self._log_gap = self._log_start + len(self._log)
+
+    @property
+    def position(self) -> int:
+        """Where the change log is now: `changes(position)` later names what changed since."""
+        with self._lock:
+            return self._log_start + len(self._log)
 
     def changes(self, since: int) -> tuple[set[str] | None, int]:
         """(ids of the records changed since position `since`, the position now); None instead of

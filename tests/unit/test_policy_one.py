@@ -1,7 +1,8 @@
-"""`Policy.for_container` and `Policy.as_decided` answer from `decide_one` when they can, without
-making the node's plan: after any sequence of changes to the node state (pods of every kind coming
-and going, containers created, renamed, stopped, pinned, API views, plans made or not in between)
-their answers must be what a fresh policy's whole plan says. Hypothesis drives the sequences."""
+"""`Policy.for_container` and `Policy.as_decided` answer from `decide_one` (or from a create's
+decision read before its record went in, `before_create`) when they can, without making the node's
+plan: after any sequence of changes to the node state (pods of every kind coming and going,
+containers created, renamed, stopped, pinned, API views, plans made or not in between) their
+answers must be what a fresh policy's whole plan says. Hypothesis drives the sequences."""
 
 from __future__ import annotations
 
@@ -64,6 +65,31 @@ class OneContainer(RuleBasedStateMachine):
         sid = self.pods[-1] if newest else data.draw(st.sampled_from(self.pods))
         self.n += 1
         self.state.put_container(ContainerRecord(f"pending/{sid}/c{self.n}/0", sid, f"c{self.n}"))
+
+    @precondition(lambda self: self.pods)
+    @rule(data=st.data(), newest=st.booleans(), again=st.booleans())
+    def hooked_create(self, data: st.DataObject, newest: bool, again: bool) -> None:
+        """As the CreateContainer pre hook: the decision read from the last plan before the pending
+        record goes in (`before_create`), then asked with it; `again`: a retry whose record is there."""
+        sid = self.pods[-1] if newest else data.draw(st.sampled_from(self.pods))
+        if not again:
+            self.n += 1
+        self.hooked_create_in(sid, f"c{self.n}")
+
+    def hooked_create_in(self, sid: str, name: str) -> None:
+        """A create in pod `sid` as the pre hook makes it, checked against a fresh plan."""
+        pod = self.state.pod(sid)
+        assert pod is not None
+        c = ContainerRecord(f"pending/{sid}/{name}/0", sid, name)
+        early = self.policy.before_create(pod, c.id)
+        self.state.put_container(c)
+        if pod.ready:
+            decision, problems = self.policy.for_container(pod, c.id, early)
+            fresh = Policy(self.state, TOPOLOGY, lambda: self.config).plan()
+            assert decision == fresh.containers.get(c.id)
+            assert problems == [p for p in fresh.problems if p.pod == pod.key]
+            if early is not None:
+                assert early.decision == decision
 
     @precondition(lambda self: self.state.containers())
     @rule(data=st.data())
@@ -203,3 +229,39 @@ def test_a_pin_that_makes_a_container_exclusive_since_the_last_plan_asks_for_a_p
     m.state.update_container(lse.id, pin="6")
     m.check(c)
     assert not m.policy.as_decided(pod, c.id, "0-7")
+
+
+def test_a_create_is_not_read_from_a_plan_made_before_the_pods_changed() -> None:
+    """An LSE pod put in the state since the last plan (no loop turn to make the next): a create in
+    an older plain pod is not read from that plan, whose pools still hold the LSE pod's CPUs."""
+    m = OneContainer()
+    m.new_pod("plain", CGROUPS[1])
+    old = m.state.pod(m.pods[-1])
+    assert old is not None
+    m.plan()
+    assert m.policy.before_create(old, "pending/early") is not None
+    m.new_pod("LSE", CGROUPS[1])
+    assert m.policy.before_create(old, "pending/late") is None
+    m.hooked_create_in(old.sandbox_id, "late")
+
+
+def test_a_change_between_the_read_and_the_question_is_not_missed() -> None:
+    """The read (`before_create`) holds only while the pending record is the one change since: a
+    pod that moves the pools, a reload, in between, and the decision is made again."""
+    for between in ("pod", "reload"):
+        m = OneContainer()
+        m.new_pod("plain", CGROUPS[1])
+        pod = m.state.pod(m.pods[-1])
+        assert pod is not None
+        m.plan()
+        c = ContainerRecord(f"pending/{pod.sandbox_id}/c/0", pod.sandbox_id, "c")
+        early = m.policy.before_create(pod, c.id)
+        assert early is not None and early.decision.cpuset == CPUSet.parse("0-7")
+        m.state.put_container(c)
+        if between == "pod":
+            m.new_pod("LSE", CGROUPS[1])
+        else:
+            m.reload("2-3")
+        decision, _ = m.policy.for_container(pod, c.id, early)
+        assert decision is not None and decision.cpuset == CPUSet.parse("0-1,4-7")
+        m.check(c)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from cri_proxy.cpu import ContainerInfo, CPUSet, NodeInputs, ProblemKind, QoS, decide
-from cri_proxy.cpu.decide import DecideMemo, decide_one
+from cri_proxy.cpu.decide import DecideMemo, decide_added, decide_one
 from cri_proxy.cpu.keys import ALLOC_STATUS_ANNOTATION
 
 from .helpers import node, pod
@@ -385,3 +385,44 @@ def test_decide_one_answers_for_a_new_container_of_a_plain_pod_and_not_past_a_pr
     inputs = replace(first, pods=(*first.pods, again))
     assert [p.kind for p in decide(inputs).problems if p.pod == again.key] == [ProblemKind.BAD_ANNOTATION]
     assert decide_one(inputs, memo, "t2") is None
+
+
+def _with_container(inputs: NodeInputs, at: int, name: str) -> NodeInputs:
+    """`inputs` with container `<uid>-<name>` added to the pod at `at`, in its place."""
+    pods = list(inputs.pods)
+    p = pods[at]
+    pods[at] = replace(p, containers=(*p.containers, ContainerInfo(f"{p.uid}-{name}", name)))
+    return replace(inputs, pods=tuple(pods))
+
+
+def test_decide_added_gives_a_new_container_its_pods_rule_or_nothing() -> None:
+    """Right after a plan: a new container of an LS or a plain pod gets its pod's rule (what the
+    whole plan then gives it); not one that would move the pools (the kubelet's v1 entry of a
+    container in a pod whose entries the LS label overrides), nor one of a Guaranteed pod, which
+    may have a kubelet entry of its own, nor one pinned exclusively."""
+    v1 = {"policyName": "static", "entries": {"ls-b": "4-5"}, "checksum": 1}
+    v2 = {**V2, "entries": {"gu": {"b": "6-7"}}}
+    for kubelet in (v1, v2):
+        memo = DecideMemo()
+        inputs = node(
+            pod("ls", qos="LS"),
+            pod("plain", "besteffort"),
+            pod("gu", "guaranteed"),
+            pod("lse", qos="LSE", alloc={"cpuset": "0-1"}),
+            kubelet=kubelet,
+        )
+        decide(inputs, memo)
+        for at, name in ((0, "c"), (1, "b")):
+            cid = f"{inputs.pods[at].uid}-{name}"
+            added = decide_added(memo, inputs.pods[at], cid)
+            assert added is not None
+            assert added == decide(_with_container(inputs, at, name)).containers[cid]
+        assert decide_added(memo, inputs.pods[3], "lse-b") is None
+        moved = decide(_with_container(inputs, 0, "b"))
+        if kubelet is v1:  # the entry no longer counts: the pools grow
+            assert decide_added(memo, inputs.pods[0], "ls-b") is None
+            assert moved.pools != decide(inputs).pools
+        else:
+            assert decide_added(memo, inputs.pods[2], "gu-b") is None
+            assert decide(_with_container(inputs, 2, "b")).containers["gu-b"].qos is QoS.KUBELET
+        assert decide_added(DecideMemo(), inputs.pods[1], "plain-b") is None  # no call before

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from cri_proxy.cpu import (
@@ -26,7 +26,7 @@ from cri_proxy.cpu import (
     parse_kubelet_state,
     plan_to_json,
 )
-from cri_proxy.cpu.decide import DecideMemo, decide_one, may_move_pools
+from cri_proxy.cpu.decide import DecideMemo, decide_added, decide_one, may_move_pools
 from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
 
 CANONICAL = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -278,6 +278,67 @@ def test_decide_one_says_what_decide_says_or_nothing(
                 assert not [p for p in plan.problems if p.pod == one.pod]
                 assert (plan.pools, plan.exclusive) == (last.pools, last.exclusive)
     assert decide(replace(g.inputs, pods=tuple(pods)), memo) == decide(replace(g.inputs, pods=tuple(pods)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(generated(), generated(), st.randoms(use_true_random=False))
+def test_decide_added_says_what_decide_says_or_nothing(
+    g: Generated, other: Generated, rnd: random.Random
+) -> None:
+    """`decide_added` right after a call (the memo as any sequence of calls left it, the folding
+    ones and `decide_one` included): when it answers for a pod and a container id, adding that
+    container to that pod gives it that answer in the whole plan, no problem of its pod, and
+    changes no pool, no exclusive container and no other container's decision."""
+    memo = DecideMemo()
+    pods = list(g.inputs.pods)
+    spare = list(other.inputs.pods)
+    decide(g.inputs, memo)
+    steps = ["plain-pod"] * 3 + ["grow", "append", "replace-last", "drop-last", "drop-any", "kubelet"]
+    answered = 0
+    for step_no in range(16):
+        step = rnd.choice(steps)
+        if step == "plain-pod":  # the kubelet's usual pod: no class label, no allocation
+            uid = f"plain{step_no}"
+            cgroup = rnd.choice(CGROUPS).format(u=uid)
+            containers = (ContainerInfo(f"{uid}-a", "a"),) if rnd.random() < 0.5 else ()
+            pods.append(PodInfo(uid, uid, "ns", cgroup, {}, {}, containers))
+        change_pods(step, pods, spare, rnd, f"grown{step_no}")
+        if step == "kubelet":
+            g = replace(g, inputs=replace(g.inputs, kubelet=rnd.choice([other.inputs.kubelet, None])))
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if rnd.random() < 0.3 and pods:  # a fold in between, as a create's pre hook may ask
+            decide_one(inputs, memo, rnd.choice([c.id for p in pods for c in p.containers] or ["none"]))
+        last = decide(inputs, memo)
+        if not pods:
+            continue
+        at = rnd.randrange(len(pods))
+        pod = pods[at]
+        # most often one the kubelet has an entry for (v2 by pod and name, v1 by id: `uid-name`)
+        free = [n for n in "abcd" if n not in {c.name for c in pod.containers}]
+        kube = inputs.kubelet
+        entries = (
+            set(kube.pod_entries.get(pod.uid, {}))
+            | {cid.removeprefix(f"{pod.uid}-") for cid in kube.container_entries}
+            if kube is not None
+            else set()
+        )
+        named = [n for n in free if n in entries]
+        name = rnd.choice(named if named and rnd.random() < 0.7 else free)
+        new = ContainerInfo(f"{pod.uid}-{name}", name)
+        if any(c.id == new.id for p in pods for c in p.containers):
+            continue  # an id in two pods: not what a create makes
+        added = decide_added(memo, pod, new.id)
+        if added is None:
+            continue
+        answered += 1
+        grown = list(pods)
+        grown[at] = replace(pod, containers=(*pod.containers, new))
+        plan = decide(replace(inputs, pods=tuple(grown)))
+        assert plan.containers[new.id] == added
+        assert not [p for p in plan.problems if p.pod == pod.key]
+        assert (plan.pools, plan.exclusive) == (last.pools, last.exclusive)
+        assert {k: v for k, v in plan.containers.items() if k != new.id} == dict(last.containers)
+    event(f"decide_added answered {min(answered, 3)}+ times")
 
 
 @settings(max_examples=300, deadline=None)
