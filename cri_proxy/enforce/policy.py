@@ -185,6 +185,8 @@ class Policy:
         return plan.containers.get(container_id), [p for p in plan.problems if p.pod == pod.key]
 
     def _early_holds(self, early: Early, container_id: str) -> bool:
+        """Whether `early` still says what the plan would: the same plan, facts and settings, and
+        the container's record is the one change since it was read."""
         cached = self._cached
         if cached is None or cached[3] is not early.plan:
             return False

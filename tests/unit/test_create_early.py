@@ -11,19 +11,28 @@ from pathlib import Path
 from cri_proxy.enforce.policy import Early, Policy
 from tests.unit.enforce_support import ALLOC, QOS_LABEL, node
 from tests.unit.relay_support import run
+from tests.unit.test_pass_after_create import create
+
+
+def reads(policy: Policy) -> list[Early | None]:
+    """What each create's `before_create` returns from now on, in order."""
+    read: list[Early | None] = []
+    before_create = policy.before_create
+    policy.before_create = lambda *a: read.append(before_create(*a)) or read[-1]  # type: ignore[method-assign]
+    return read
+
+
+def whole_plans(policy: Policy, cid: str) -> str:
+    """The container's cpuset in the plan a fresh policy makes of the same state."""
+    decision = Policy(policy.state, policy.topology, policy.settings).plan().containers[cid]
+    return str(decision.cpuset)
 
 
 def test_creates_read_their_decision_from_the_plan_made_after_the_last_change(tmp_path: Path) -> None:
     async def main() -> None:
         async with node(tmp_path) as n:
             policy = n.proxy.policy
-            read: list[Early | None] = []
-            before_create = policy.before_create
-            policy.before_create = lambda *a: read.append(before_create(*a)) or read[-1]  # type: ignore[method-assign]
-
-            def fresh(cid: str) -> str:
-                d = Policy(n.proxy.state, policy.topology, policy.settings).plan().containers[cid]
-                return str(d.cpuset)
+            read = reads(policy)
 
             # plain pods, one with three containers, and a Koordinator LS pod: all read
             _, plain = await n.run_pod("plain", qos="besteffort", containers=("a", "b", "c"))
@@ -31,7 +40,7 @@ def test_creates_read_their_decision_from_the_plan_made_after_the_last_change(tm
             assert len(read) == 4 and all(e is not None for e in read)
             assert [e.decision.qos for e in read if e is not None] == ["BE"] * 3 + ["LS"]
             for cid in (*plain.values(), *ls.values()):
-                assert n.cpuset(cid) == fresh(cid)
+                assert n.cpuset(cid) == whole_plans(policy, cid)
 
             # an exclusive pod's container is decided on the path (its CPUs are vacated first)
             read.clear()
@@ -43,7 +52,7 @@ def test_creates_read_their_decision_from_the_plan_made_after_the_last_change(tm
             read.clear()
             _, after = await n.run_pod("after", qos="besteffort")
             assert read[0] is not None and 2 not in read[0].decision.cpuset
-            assert n.cpuset(after["main"]) == fresh(after["main"]) == "0-1,4-15"
+            assert n.cpuset(after["main"]) == whole_plans(policy, after["main"]) == "0-1,4-15"
 
             await n.settle()
 
@@ -56,17 +65,12 @@ def test_a_create_right_after_its_pod_in_the_same_turn_is_decided_on_the_path(tm
 
     async def main() -> None:
         async with node(tmp_path) as n:
-            from tests.unit.test_pass_after_create import create
-
             policy = n.proxy.policy
-            read: list[Early | None] = []
-            before_create = policy.before_create
-            policy.before_create = lambda *a: read.append(before_create(*a)) or read[-1]  # type: ignore[method-assign]
+            read = reads(policy)
             cid = await create(n.proxy.hooks, "quick")
             assert read == [None]
             await asyncio.sleep(0)  # the plan the hooks asked for
-            want = Policy(n.proxy.state, policy.topology, policy.settings).plan().containers[cid]
-            assert policy.plan().containers[cid] == want
+            assert str(policy.plan().containers[cid].cpuset) == whole_plans(policy, cid)
             await n.settle()
 
     run(main())
