@@ -109,9 +109,11 @@ def runtime(kind: str, work: Path) -> Iterator[str]:
     try:
         yield containerd.address
     finally:
-        with connect(containerd.address) as cri:
-            remove_all_pods(cri, timeout=120)
-        containerd.stop()
+        try:
+            with connect(containerd.address) as cri:
+                remove_all_pods(cri, timeout=120)
+        finally:  # even when that failed: `stop` removes what is left, else the shims outlive the run
+            containerd.stop()
 
 
 def rss_kib(pid: int | str = "self") -> int:
