@@ -21,23 +21,35 @@ def _json_sink(message: Any) -> None:
     sys.stderr.write(json.dumps(line) + "\n")
 
 
-def soon(emit: Callable[..., object], message: str, *args: object) -> None:
-    """`emit(message, *args)` once the event loop's current turn is done, its socket writes included:
-    a line about a call (formatted, then written to journald) must not delay the call it is about.
-    Lines put off this way keep their order; with no running loop, at once."""
+_debug = True  # until `setup_logging` says: another set-up (a test's sink) may want every level
+
+
+def debug_enabled() -> bool:
+    """Whether DEBUG lines go anywhere (as `setup_logging` set the level): a line that costs even
+    to put aside (a bound logger, a lazy record) is not made on a call's path when they do not."""
+    return _debug
+
+
+def soon(emit: Callable[..., object], *args: object) -> None:
+    """`emit(*args)` (a log call and its message) once the event loop's current turn is done, its
+    socket writes included: a line about a call (formatted, then written to journald) must not
+    delay the call it is about. Lines put off this way keep their order; with no running loop, at
+    once."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        emit(message, *args)
+        emit(*args)
         return
-    loop.call_soon(emit, message, *args)
+    loop.call_soon(emit, *args)
 
 
 def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:
     """`auto`: colour on a terminal; under journald (JOURNAL_STREAM set) plain lines without time
     or colour, journald adds its own; elsewhere plain lines with time. `json`: one JSON object a line."""
+    global _debug
     logger.remove()
     level = level.upper()
+    _debug = logger.level(level).no <= logger.level("DEBUG").no
     if fmt == "json":
         logger.add(_json_sink, level=level, backtrace=False, diagnose=False)
         return

@@ -23,7 +23,7 @@ from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.errors import CpuError
-from cri_proxy.logs import soon
+from cri_proxy.logs import debug_enabled, soon
 from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookError, HookTable
@@ -49,6 +49,13 @@ def pod_record(sandbox_id: str, config: Any, api_version: str) -> PodRecord:
         annotations=dict(config.annotations),
         api_version=api_version,
     )
+
+
+def _say(pod: PodRecord, container: str, level: str, message: str, *args: object) -> None:
+    """A line about a container of `pod`, bound to them (`about_pod`): the create's lines are put
+    off until its request went on (`soon`), the binding with them."""
+    log, who = about_pod(pod, container)
+    log.log(level, "{}: " + message, who, *args)
 
 
 def pending_id(sandbox_id: str, name: str, attempt: int) -> str:
@@ -160,8 +167,9 @@ class EnforceHooks:
             )
             return request
         name, attempt = req.config.metadata.name, req.config.metadata.attempt
-        log, who = about_pod(pod, name)
-        log.opt(lazy=True).debug("CreateContainer {}: {}", lambda: who, lambda: dump(req))
+        if debug_enabled():
+            log, who = about_pod(pod, name)
+            log.opt(lazy=True).debug("CreateContainer {}: {}", lambda: who, lambda: dump(req))
         pid = pending_id(pod.sandbox_id, name, attempt)
         early = self.policy.before_create(pod, pid)  # from the plan made since the last change
         self.state.put_container(
@@ -178,23 +186,18 @@ class EnforceHooks:
         decision, problems = self.policy.for_container(pod, pid, early)
         # the lines about the decision are written after the request went on (`soon`)
         for problem in problems:
-            soon(log.warning, "{}: {}: {}", who, problem.kind, problem.message)
+            soon(_say, pod, name, "WARNING", "{}: {}", problem.kind, problem.message)
         self._refuse_bad_annotation(pod, problems, pid)
         if decision is None or decision.cpuset is None:
             why = decision.why if decision is not None else "not managed"
-            soon(log.info, "{}: {} -> cpuset left as is ({})", who, decision.qos if decision else None, why)
+            qos = decision.qos if decision else None
+            soon(_say, pod, name, "INFO", "{} -> cpuset left as is ({})", qos, why)
             return request
         cpus = str(decision.cpuset)
-        soon(
-            log.info,
-            "{}: {} -> cpuset {} ({}){}",
-            who,
-            decision.qos,
-            cpus,
-            decision.why,
-            " [dry-run]" if self.dry_run else "",
-        )
-        if self.dry_run:
+        dry_run = self.dry_run
+        dry = " [dry-run]" if dry_run else ""
+        soon(_say, pod, name, "INFO", "{} -> cpuset {} ({}){}", decision.qos, cpus, decision.why, dry)
+        if dry_run:
             return request
         req.config.linux.resources.cpuset_cpus = cpus  # creates linux/resources when absent
         self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
