@@ -156,12 +156,12 @@ class Policy:
         the plan between calls for this. None when not sure: `for_container` then decides."""
         cached = self._cached
         state = self.state
-        if cached is None or cached[1] != self._facts_version or cached[2] is not self.settings():
+        if cached is None or not self._same_facts(cached):
             return None
         if state.pod_infos() is not self._memo.seq:  # the pods changed since the last plan
             return None
         info = state.ready_info(pod.sandbox_id)
-        if info is None or any(key == pod.key for key, _ in state.pod_problems()):
+        if info is None or self._text_troubled(pod):
             return None
         if pod.key in state.api_sourced():  # the plan says where the API's values came from
             return None
@@ -190,7 +190,7 @@ class Policy:
         cached = self._cached
         if cached is None or cached[3] is not early.plan:
             return False
-        if cached[1] != self._facts_version or cached[2] is not self.settings():
+        if not self._same_facts(cached):
             return False
         changed, _ = self.state.changes(early.at)
         return changed == {container_id} and self.state.container(container_id) is not None
@@ -213,15 +213,21 @@ class Policy:
             decision = plan.containers.get(container_id)
         return decision is not None and (decision.cpuset is None or str(decision.cpuset) == applied)
 
+    def _same_facts(self, cached: tuple[int, int, Config, Plan]) -> bool:
+        """Whether the cached plan was made with the facts and settings there are now."""
+        return cached[1] == self._facts_version and cached[2] is self.settings()
+
+    def _text_troubled(self, pod: PodRecord) -> bool:
+        """Whether this sandbox or another of the same pod has labels not readable as text."""
+        return any(key == pod.key for key, _ in self.state.pod_problems())
+
     def _one(self, pod: PodRecord, container_id: str) -> ContainerDecision | None:
         """`decide_one` when the last plan is not current but may be folded on from, and nothing
         but the rules decides the container (no pin, no API explanation, no problem of its pod's)."""
         cached = self._cached
         if cached is None or cached[0] == self.state.generation:
             return None  # no plan to fold on from, or the plan is current: read it
-        if cached[1] != self._facts_version or cached[2] is not self.settings():
-            return None
-        if any(key == pod.key for key, _ in self.state.pod_problems()):  # this or another sandbox's
+        if not self._same_facts(cached) or self._text_troubled(pod):
             return None
         generation = self.state.generation
         if self._one_asked[:2] == (generation, container_id):  # the post hook asks what the pre hook did
