@@ -101,7 +101,7 @@ def runtime(kind: str, work: Path) -> Iterator[str]:
             stop_all([fake])
         return
     sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-    from containerd import PrivateContainerd, connect, missing_tools, remove_all_pods, run_setup_script
+    from containerd import PrivateContainerd, missing_tools, run_setup_script
 
     if missing_tools():
         run_setup_script()
@@ -109,11 +109,7 @@ def runtime(kind: str, work: Path) -> Iterator[str]:
     try:
         yield containerd.address
     finally:
-        try:
-            with connect(containerd.address) as cri:
-                remove_all_pods(cri, timeout=120)
-        finally:  # even when that failed: `stop` removes what is left, else the shims outlive the run
-            containerd.stop()
+        containerd.stop()  # removes every pod first (and kills what CRI did not know), then cleans up
 
 
 def rss_kib(pid: int | str = "self") -> int:
