@@ -12,6 +12,7 @@ block of the run, and the paired median of this checkout minus the other.
     .venv/bin/python bench/ab_create.py --against /tmp/base --runtime fake -n 800
     .venv/bin/python bench/ab_create.py --against /tmp/base -n 400 --pod-each
     .venv/bin/python bench/ab_create.py --against /tmp/base --gap 0.02   # calls spaced as a kubelet's
+    .venv/bin/python bench/ab_create.py --against /tmp/base --call version -n 5000   # tiny calls
 """
 
 from __future__ import annotations
@@ -102,6 +103,22 @@ def rounds(targets: dict[str, Target], n: int, pod_each: bool, gap: float) -> di
     return out
 
 
+def version_rounds(targets: dict[str, Target], n: int, gap: float) -> dict[str, list[float]]:
+    """Seconds of each Version call per target ("d": direct), `n` rounds after the warm-up."""
+    version = {k: t.call("/runtime.v1.RuntimeService/Version") for k, t in targets.items()}
+    body = pb.VersionRequest(version="v1").SerializeToString()
+    out: dict[str, list[float]] = {k: [] for k in targets}
+    for i in range(n + WARM):
+        for k in ORDERS[i % len(ORDERS)]:
+            if gap:
+                time.sleep(gap)
+            t0 = time.perf_counter()
+            version[k](body, timeout=60)
+            if i >= WARM:
+                out[k].append(time.perf_counter() - t0)
+    return out
+
+
 def report(out: dict[str, list[float]], names: dict[str, str], blocks: int = 5) -> None:
     d = out["d"]
     n = len(d)
@@ -116,8 +133,9 @@ def report(out: dict[str, list[float]], names: dict[str, str], blocks: int = 5) 
             statistics.median(p[i : i + size]) - statistics.median(d[i : i + size])
             for i in range(0, n - size + 1, size)
         ]
+        ratio = statistics.median(p) / statistics.median(d)
         print(
-            f"  {k} {names[k]}: added p50 {ms(added)} ms | paired median {ms(paired)} ms"
+            f"  {k} {names[k]}: added p50 {ms(added)} ms (ratio {ratio:.2f}) | paired median {ms(paired)} ms"
             f" | per block of {size}: {', '.join(ms(x) for x in per)}"
         )
     diff = statistics.median(x - y for x, y in zip(out["a"], out["b"], strict=True))
@@ -130,7 +148,8 @@ def main() -> None:
     )
     parser.add_argument("--against", type=Path, required=True, help="the other checkout (its root)")
     parser.add_argument("--runtime", choices=("containerd", "fake"), default="containerd")
-    parser.add_argument("-n", type=int, default=400, help="rounds (one create per path each)")
+    parser.add_argument("--call", choices=("create", "version"), default="create", help="the call timed")
+    parser.add_argument("-n", type=int, default=400, help="rounds (one call per path each)")
     parser.add_argument("--pod-each", action="store_true", help="each create in a pod of its own")
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
     parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
@@ -144,9 +163,14 @@ def main() -> None:
         try:
             targets = start_pair(work, address, args.against, args.serve_args.split(), procs)
             targets["d"] = Target(address)
+            names = {"a": str(ROOT), "b": str(args.against)}
+            if args.call == "version":
+                print(f"Version x{args.n} on {args.runtime}, gap {args.gap} s; logs in {work}")
+                report(version_rounds(targets, args.n, args.gap), names)
+                return
             shape = "a pod each" if args.pod_each else "one growing pod"
             print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
-            report(rounds(targets, args.n, args.pod_each, args.gap), {"a": str(ROOT), "b": str(args.against)})
+            report(rounds(targets, args.n, args.pod_each, args.gap), names)
         finally:
             stop_all(procs)
 

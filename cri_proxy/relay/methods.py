@@ -17,6 +17,28 @@ from cri_api.v1alpha2 import api_pb2 as v1alpha2
 
 API_MODULES: dict[str, ModuleType] = {"v1": v1, "v1alpha2": v1alpha2}
 SERVICES = ("RuntimeService", "ImageService")
+SLOW = frozenset(
+    {
+        "RunPodSandbox",
+        "StopPodSandbox",
+        "RemovePodSandbox",
+        "UpdatePodSandboxResources",
+        "CreateContainer",
+        "StartContainer",
+        "StopContainer",
+        "RemoveContainer",
+        "UpdateContainerResources",
+        "ReopenContainerLog",
+        "ExecSync",
+        "CheckpointContainer",
+        "UpdateRuntimeConfig",
+        "PullImage",
+        "RemoveImage",
+    }
+)
+"""Calls the runtime works on for milliseconds or more (it changes the node, runs a command, pulls
+an image); the others read what it holds and answer within microseconds. The relay lets the
+runtime's PINGs wait while a slow call is open (see `core.py`)."""
 
 
 class Shape(enum.Enum):
@@ -34,6 +56,7 @@ class MethodInfo:
     shape: Shape
     request_type: type[Message]
     response_type: type[Message]
+    slow: bool = False  # in SLOW
 
 
 def _build() -> dict[str, MethodInfo]:
@@ -57,7 +80,10 @@ def _build() -> dict[str, MethodInfo]:
                     shape=shape,
                     request_type=getattr(module, method.input_type.name),
                     response_type=getattr(module, method.output_type.name),
+                    slow=method.name in SLOW,
                 )
+    unknown = SLOW - {info.name for info in table.values()}
+    assert not unknown, f"SLOW names methods no API version has: {sorted(unknown)}"
     return table
 
 

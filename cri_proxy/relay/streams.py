@@ -41,6 +41,7 @@ class Stream:
     id: int
     path: str = ""  # unary method path when the call is measured
     responded: bool = False  # response headers forwarded to the client
+    slow: bool = False  # a call the runtime works on for a while (methods.SLOW)
     hook: HookedRequest | None = None
     response: Boundaries = field(default_factory=Boundaries)
     began: float = 0.0  # when its headers arrived

@@ -27,6 +27,7 @@ from cri_proxy.relay.methods import KNOWN
 
 CONNECT_TIMEOUT = 5.0
 WRITE_BUFFER_HIGH = 1 << 20  # a side's unsent bytes beyond which the other side is not read
+PING_WAIT = 1.0  # seconds a runtime PING may wait for slow calls to end before the core answers it
 
 
 class FrameRelay:
@@ -155,6 +156,7 @@ class Link(asyncio.Protocol):
         self.paused = False  # client reading paused
         self.runtime_full = False  # the runtime's transport buffer is full
         self.decode_soon: asyncio.Handle | None = None  # the next step of a big header block's decoding
+        self.ping_due: asyncio.TimerHandle | None = None  # when the runtime's held PINGs get answered
         self.pres: dict[int, asyncio.Future[PreOutcome]] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
 
@@ -243,6 +245,8 @@ class Link(asyncio.Protocol):
             self.timer.cancel()
         if self.decode_soon is not None:
             self.decode_soon.cancel()
+        if self.ping_due is not None:
+            self.ping_due.cancel()
         self.core.client_lost()
         self._events()
         if self.relay.measured:
@@ -304,6 +308,9 @@ class Link(asyncio.Protocol):
             if self.decode_soon is None and core.decoding():
                 # a big header block: one bounded step a loop turn, other connections go between
                 self.decode_soon = asyncio.get_running_loop().call_soon(self._decode_more)
+            if core.held_pings and self.ping_due is None:
+                # not re-armed per PING: one timer a second at most, whatever the call rate
+                self.ping_due = asyncio.get_running_loop().call_later(PING_WAIT, self._answer_pings)
             self.reading()
         if self.relay.measured:
             self.relay.report()
@@ -312,6 +319,14 @@ class Link(asyncio.Protocol):
         self.decode_soon = None
         if not self.closed:
             self.core.decode_more(perf_counter())
+            self.flush()
+
+    def _answer_pings(self) -> None:
+        """The runtime's PINGs held since this timer was set are answered (those held later, sooner
+        than PING_WAIT: early is harmless)."""
+        self.ping_due = None
+        if not self.closed:
+            self.core.answer_pings()
             self.flush()
 
     def reading(self) -> None:
