@@ -68,8 +68,11 @@ def start_pair(
     return targets
 
 
-def rounds(targets: dict[str, Target], n: int, pod_each: bool, gap: float) -> dict[str, list[float]]:
-    """Seconds of each CreateContainer per target ("d": direct), `n` rounds after the warm-up."""
+def rounds(
+    targets: dict[str, Target], n: int, pod_each: bool, gap: float, twice: bool = False
+) -> dict[str, list[float]]:
+    """Seconds of each CreateContainer per target ("d": direct), `n` rounds after the warm-up;
+    `twice`: two creates in a row on each path (as a kubelet's calls come), both timed."""
     from kube import container_config, pod_sandbox_config
 
     run_pod = {
@@ -87,9 +90,10 @@ def rounds(targets: dict[str, Target], n: int, pod_each: bool, gap: float) -> di
     cpus = Path("/sys/devices/system/cpu/online").read_text().strip()
     out: dict[str, list[float]] = {k: [] for k in targets}
     for i in range(n + WARM):
-        for k in ORDERS[i % len(ORDERS)]:
-            pod_id, pod = new_pod(k, f"{k}{i}") if pod_each else shared[k]
-            config = container_config(pb, pod, f"c{k}{i}")
+        order = ORDERS[i % len(ORDERS)]
+        for j, k in enumerate(x for slot in order for x in ((slot, slot) if twice else (slot,))):
+            pod_id, pod = new_pod(k, f"{k}{i}-{j}") if pod_each else shared[k]
+            config = container_config(pb, pod, f"c{k}{i}-{j}")
             if k == "d":
                 config.linux.resources.cpuset_cpus = cpus
             request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod)
@@ -151,6 +155,7 @@ def main() -> None:
     parser.add_argument("--call", choices=("create", "version"), default="create", help="the call timed")
     parser.add_argument("-n", type=int, default=400, help="rounds (one call per path each)")
     parser.add_argument("--pod-each", action="store_true", help="each create in a pod of its own")
+    parser.add_argument("--twice", action="store_true", help="two creates in a row on each path")
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
     parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
     args = parser.parse_args()
@@ -168,9 +173,11 @@ def main() -> None:
                 print(f"Version x{args.n} on {args.runtime}, gap {args.gap} s; logs in {work}")
                 report(version_rounds(targets, args.n, args.gap), names)
                 return
-            shape = "a pod each" if args.pod_each else "one growing pod"
+            shape = ("a pod each" if args.pod_each else "one growing pod") + (
+                ", twice in a row" if args.twice else ""
+            )
             print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
-            report(rounds(targets, args.n, args.pod_each, args.gap), names)
+            report(rounds(targets, args.n, args.pod_each, args.gap, args.twice), names)
         finally:
             stop_all(procs)
 
