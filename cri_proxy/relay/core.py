@@ -692,7 +692,7 @@ class LinkCore:
                 self._ended_while_decoding(sid)
             elif ftype == wire.GOAWAY:
                 keep = self._runtime_goaway(buf, at, end, start)
-            elif ftype == wire.PING:
+            elif ftype == wire.PING and (self.held_pings or (streams and self._slow_open())):
                 keep = self._runtime_ping(flags, sid, buf, at, end, start)
             if not keep:
                 start = end
@@ -845,12 +845,10 @@ class LinkCore:
         return False
 
     def _runtime_ping(self, flags: int, sid: int, buf: Buf, at: int, end: int, start: int) -> bool:
-        """A PING (not an ACK) while a slow call is open waits until none is (see the module's
-        docstring); so do the ones after it, to keep their order. False when held."""
+        """A PING (not an ACK) while a slow call is open, or PINGs wait, waits until no slow call is
+        open (see the module's docstring): later ones keep their order. False when held."""
         if flags & wire.ACK or sid != 0 or end - at != wire.HEADER_LEN + 8:
             return True  # an ACK of the client's, or a malformed one: the client judges it
-        if not self.held_pings and not self._slow_open():
-            return True
         self._span(buf, start, at)
         self.held_pings.append(bytes(buf[at + wire.HEADER_LEN : end]))
         if len(self.held_pings) >= PINGS_HELD:
