@@ -68,11 +68,32 @@ def start_pair(
     return targets
 
 
+def timed(
+    targets: dict[str, Target], n: int, gap: float, twice: bool, prepare: Callable[[str, int, int], Any]
+) -> dict[str, list[float]]:
+    """Seconds of each call per target ("d": direct), `n` rounds after the warm-up: each round
+    calls every path in the order `ORDERS` rotates through (`twice`: two calls in a row on each, as
+    a kubelet's come, both timed). `prepare(target, round, slot)` readies a call, untimed, and
+    returns it."""
+    out: dict[str, list[float]] = {k: [] for k in targets}
+    for i in range(n + WARM):
+        slots = [x for slot in ORDERS[i % len(ORDERS)] for x in ((slot, slot) if twice else (slot,))]
+        for j, k in enumerate(slots):
+            call = prepare(k, i, j)
+            if gap:
+                time.sleep(gap)
+            t0 = time.perf_counter()
+            call()
+            if i >= WARM:
+                out[k].append(time.perf_counter() - t0)
+    return out
+
+
 def rounds(
     targets: dict[str, Target], n: int, pod_each: bool, gap: float, twice: bool = False
 ) -> dict[str, list[float]]:
-    """Seconds of each CreateContainer per target ("d": direct), `n` rounds after the warm-up;
-    `twice`: two creates in a row on each path (as a kubelet's calls come), both timed."""
+    """CreateContainer on every path (see `timed`), in one pod per path or (`pod_each`) each in a
+    pod of its own, made first on the same path and not timed."""
     from kube import container_config, pod_sandbox_config
 
     run_pod = {
@@ -88,39 +109,26 @@ def rounds(
     shared = {k: new_pod(k, f"shared-{k}") for k in targets}
     # what the proxies inject into a BE container here (every online CPU), sent direct too
     cpus = Path("/sys/devices/system/cpu/online").read_text().strip()
-    out: dict[str, list[float]] = {k: [] for k in targets}
-    for i in range(n + WARM):
-        order = ORDERS[i % len(ORDERS)]
-        for j, k in enumerate(x for slot in order for x in ((slot, slot) if twice else (slot,))):
-            pod_id, pod = new_pod(k, f"{k}{i}-{j}") if pod_each else shared[k]
-            config = container_config(pb, pod, f"c{k}{i}-{j}")
-            if k == "d":
-                config.linux.resources.cpuset_cpus = cpus
-            request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod)
-            body = request.SerializeToString()
-            if gap:
-                time.sleep(gap)
-            t0 = time.perf_counter()
-            create[k](body, timeout=60)
-            if i >= WARM:
-                out[k].append(time.perf_counter() - t0)
-    return out
+
+    def prepare(k: str, i: int, j: int) -> Callable[[], object]:
+        pod_id, pod = new_pod(k, f"{k}{i}-{j}") if pod_each else shared[k]
+        config = container_config(pb, pod, f"c{k}{i}-{j}")
+        if k == "d":
+            config.linux.resources.cpuset_cpus = cpus
+        request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod)
+        body = request.SerializeToString()
+        return lambda: create[k](body, timeout=60)
+
+    return timed(targets, n, gap, twice, prepare)
 
 
-def version_rounds(targets: dict[str, Target], n: int, gap: float) -> dict[str, list[float]]:
-    """Seconds of each Version call per target ("d": direct), `n` rounds after the warm-up."""
+def version_rounds(
+    targets: dict[str, Target], n: int, gap: float, twice: bool = False
+) -> dict[str, list[float]]:
+    """Version on every path (see `timed`)."""
     version = {k: t.call("/runtime.v1.RuntimeService/Version") for k, t in targets.items()}
     body = pb.VersionRequest(version="v1").SerializeToString()
-    out: dict[str, list[float]] = {k: [] for k in targets}
-    for i in range(n + WARM):
-        for k in ORDERS[i % len(ORDERS)]:
-            if gap:
-                time.sleep(gap)
-            t0 = time.perf_counter()
-            version[k](body, timeout=60)
-            if i >= WARM:
-                out[k].append(time.perf_counter() - t0)
-    return out
+    return timed(targets, n, gap, twice, lambda k, i, j: lambda: version[k](body, timeout=60))
 
 
 def report(out: dict[str, list[float]], names: dict[str, str], blocks: int = 5) -> None:
@@ -155,7 +163,7 @@ def main() -> None:
     parser.add_argument("--call", choices=("create", "version"), default="create", help="the call timed")
     parser.add_argument("-n", type=int, default=400, help="rounds (one call per path each)")
     parser.add_argument("--pod-each", action="store_true", help="each create in a pod of its own")
-    parser.add_argument("--twice", action="store_true", help="two creates in a row on each path")
+    parser.add_argument("--twice", action="store_true", help="two calls in a row on each path")
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
     parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
     args = parser.parse_args()
@@ -171,7 +179,7 @@ def main() -> None:
             names = {"a": str(ROOT), "b": str(args.against)}
             if args.call == "version":
                 print(f"Version x{args.n} on {args.runtime}, gap {args.gap} s; logs in {work}")
-                report(version_rounds(targets, args.n, args.gap), names)
+                report(version_rounds(targets, args.n, args.gap, args.twice), names)
                 return
             shape = ("a pod each" if args.pod_each else "one growing pod") + (
                 ", twice in a row" if args.twice else ""

@@ -16,7 +16,7 @@ One exception in timing, not in content: a PING the runtime sends while a slow c
 the client (whose ACK comes back as before), or is answered by the core when the adapter's timer
 says it waited long enough (`answer_pings`; PING is hop-by-hop, the core may answer it). grpc-go
 sends one for each request it reads: passed through at once, in the middle of a create, it woke
-the client and the proxy twice while the runtime worked (0.08-0.16 ms more per CreateContainer
+the client and the proxy twice while the runtime worked (0.04-0.16 ms more per CreateContainer
 against containerd on 2 vCPUs). During a quick read it still passes at once: its ACK is then
 back before the answer, off the path of the client's next call.
 
@@ -58,7 +58,7 @@ RUNTIME_KEEP = frozenset((b"grpc-status",))
 CREDIT_BATCH = 16 << 10  # connection credit owed to the client for held requests, sent once this much
 CREDIT_LOW = 32 << 10  # ... or at once while the client may send less than this
 DECODE_BUDGET = 4096  # HPACK work a client's block may take per loop turn (~1-2 ms; hpackstep.py)
-PINGS_HELD = 8  # runtime PINGs held while calls are open, at most: beyond, the core answers them
+PINGS_HELD = 8  # runtime PINGs held while slow calls are open, at most: then the core answers them
 
 Observer = Callable[[str, int, float, float], None]  # (path, code, total seconds, runtime seconds)
 
@@ -867,7 +867,8 @@ class LinkCore:
         self._flush_own_c()
 
     def answer_pings(self) -> None:
-        """The runtime's PINGs waited long enough (the adapter's timer): the core answers them."""
+        """The runtime's PINGs waited long enough (the adapter's timer), or too many wait: the core
+        answers them."""
         if self.closing:
             return
         held, self.held_pings = self.held_pings, []
