@@ -13,6 +13,9 @@ block of the run, and the paired median of this checkout minus the other.
     .venv/bin/python bench/ab_create.py --against /tmp/base -n 400 --pod-each
     .venv/bin/python bench/ab_create.py --against /tmp/base --gap 0.02   # calls spaced as a kubelet's
     .venv/bin/python bench/ab_create.py --against /tmp/base --call version -n 5000   # tiny calls
+
+Against containerd, keep the creates under ~5,000 (3 paths x -n, x2 with --twice): the bench's
+containerd runs out of open files beyond (one growing pod), and a pod each makes real sandboxes.
 """
 
 from __future__ import annotations
