@@ -704,9 +704,7 @@ class LinkCore:
         if start < end:
             out.append(buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end])
         self.r_split.keep(buf, end)
-        if self.held_pings and not self._slow_open():
-            self._release_pings()
-        if self.stalled or self.credit or self.own_r or self.own_c:
+        if self.stalled or self.credit or self.own_r or self.own_c or self.held_pings:
             self._after()
 
     def _span(self, buf: Buf, start: int, at: int) -> None:
