@@ -127,10 +127,7 @@ class HeaderBlocks:
         if decoder is None:
             return None
         if not self.decoding:
-            frags = self.frags
-            data = bytes(frags[0]) if len(frags) == 1 else b"".join(frags)
-            self.frags = []
-            if decoder.start(data, self.max_list, self.keep, budget):
+            if decoder.start(self.take(), self.max_list, self.keep, budget):
                 return decoder.fields, decoder.size  # a short block of references: at once
             self.decoding = True
         try:
@@ -141,6 +138,24 @@ class HeaderBlocks:
         if not done:
             return None
         self.decoding = False
+        return decoder.fields, decoder.size
+
+    def take(self) -> bytes:
+        """The complete block's bytes, taken out of the block (to `decode_taken` later)."""
+        frags, self.frags = self.frags, []
+        return bytes(frags[0]) if len(frags) == 1 else b"".join(frags)
+
+    def decode_taken(self, data: bytes) -> tuple[Headers, int]:
+        """Decode, whole, a block `take`n earlier: this direction's blocks must be decoded in the
+        order they came. Raises BlockError."""
+        decoder = self.decoder
+        if decoder is None or self.decoding:
+            raise BlockError("no block can be decoded now")
+        if not decoder.start(data, self.max_list, self.keep, 1 << 62):
+            try:
+                decoder.step(1 << 62)  # no budget: done at once
+            except DecodeError as exc:
+                raise BlockError(f"header block does not decode: {exc}") from exc
         return decoder.fields, decoder.size
 
     def pending_bytes(self) -> int:

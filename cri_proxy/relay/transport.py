@@ -124,9 +124,7 @@ class _RuntimeSide(asyncio.Protocol):
         self.link.runtime_up(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
-        link = self.link
-        link.core.receive_from_runtime(data, perf_counter())
-        link.flush()
+        self.link.runtime_data(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.link.runtime_down(exc)
@@ -235,6 +233,12 @@ class Link(asyncio.Protocol):
             self.waiting_bytes += len(data)
             self.reading()
 
+    def runtime_data(self, data: bytes) -> None:
+        """The runtime's bytes: what they carry for the client is written before their header
+        blocks are read (`answers_later`), then the hooks after the calls they end run."""
+        self.core.receive_from_runtime(data, perf_counter(), answers_later=True)
+        self.flush()
+
     def eof_received(self) -> bool | None:
         return None  # the client half-closed: close (its calls can no longer be cancelled by it)
 
@@ -292,10 +296,11 @@ class Link(asyncio.Protocol):
                     self._event(event)
                 else:
                     after.append(event)
-        if core.out_r and self.runtime is not None:
-            self.runtime.writelines(core.take_runtime())
-        if core.out_c and self.client is not None:
-            self.client.writelines(core.take_client())
+        self._write()
+        if core.answers:  # the runtime's answers are written: now read (measured, hooks asked for)
+            core.read_answers()
+            after.extend(core.take_events())
+            self._write()
         for event in after:
             self._event(event)
         if core.warnings:
@@ -314,6 +319,13 @@ class Link(asyncio.Protocol):
             self.reading()
         if self.relay.measured:
             self.relay.report()
+
+    def _write(self) -> None:
+        core = self.core
+        if core.out_r and self.runtime is not None:
+            self.runtime.writelines(core.take_runtime())
+        if core.out_c and self.client is not None:
+            self.client.writelines(core.take_client())
 
     def _decode_more(self) -> None:
         self.decode_soon = None

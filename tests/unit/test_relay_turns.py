@@ -1,7 +1,8 @@
 """What the frame relay's asyncio adapter writes, and when, for a hooked call (fake transports: the
 byte-level behaviour is tested against real sockets and containerd elsewhere). A pre hook that ends
 in the turn its request ended in lets the request's HEADERS and DATA leave in one write; a post hook
-runs in the turn the answer came in, after the answer is written, without a task of its own; the
+runs in the turn the answer came in, after the answer is written (and read: its header blocks are
+decoded after the write), without a task of its own; the
 proxy's line about a create is written after the request. One test checks on real sockets, under
 both event loops, that "written" means in the client's socket already (both loops make the write's
 system call at once when nothing waits to be sent)."""
@@ -80,13 +81,11 @@ def connected(
     if window:
         server.increment_flow_control_window(window)
     link.data_received(client.data_to_send())
-    link.core.receive_from_runtime(server.data_to_send())
-    link.flush()
+    link.runtime_data(server.data_to_send())
     for who, data in log:
         (server if who == "runtime" else client).receive_data(data)
     link.data_received(client.data_to_send())
-    link.core.receive_from_runtime(server.data_to_send())
-    link.flush()
+    link.runtime_data(server.data_to_send())
     log.clear()
     return link, client, server
 
@@ -141,10 +140,19 @@ def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the
         server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
         server.send_data(sid, b"\0" + len(reply).to_bytes(4, "big") + reply)
         server.send_headers(sid, [("grpc-status", "0")], end_stream=True)
-        link.core.receive_from_runtime(server.data_to_send())
-        link.flush()  # what _RuntimeSide.data_received does
-        # the answer is written first, then the post hook has run, in this very turn
+        write = link.client.writelines  # type: ignore[union-attr]
+        unread: list[int] = []  # the answer's header blocks not yet decoded, at the client's write
+
+        def writelines(chunks: Any) -> None:
+            unread.append(len(link.core.answers))
+            write(chunks)
+
+        link.client.writelines = writelines  # type: ignore[union-attr,method-assign]
+        link.runtime_data(server.data_to_send())  # what _RuntimeSide.data_received does
+        # the answer is written first (its header blocks read only after), then the post hook has
+        # run, in this very turn
         assert [who for who, _ in log] == ["client", "post"]
+        assert unread == [2] and not link.core.answers  # the response's headers and trailers
         assert log[1][1] == b"c1"
         assert not link.tasks
 

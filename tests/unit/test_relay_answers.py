@@ -1,0 +1,160 @@
+"""The runtime's answers are written to the client before they are read (`answers_later`): their
+header blocks are decoded after the write (`read_answers`), then the calls they end are measured
+and their hooks asked for. On a LinkCore between two `h2` peers; the adapter's side is in
+test_relay_turns.py, and the state machine (test_relay_core_props.py) reads answers now, after
+the write or at the next call into the core, at random."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+
+from cri_api.v1 import api_pb2 as pb
+from cri_proxy.relay import wire
+from cri_proxy.relay.core import UNAVAILABLE, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
+from cri_proxy.relay.hooks import Hooks
+from tests.h2raw import request_headers
+
+CREATE = "/runtime.v1.RuntimeService/CreateContainer"
+REPLY = pb.CreateContainerResponse(container_id="c1").SerializeToString()
+
+
+async def _hook(*_: Any) -> None:  # never run: the test hands the core its outcomes itself
+    return None
+
+
+class Pair:
+    """A client and a runtime (`h2`) through a LinkCore hooking CreateContainer, measured."""
+
+    def __init__(self) -> None:
+        self.measured: list[tuple[str, int]] = []
+        self.core = LinkCore(
+            lambda path: Hooks(pre=_hook, post=_hook, failed=_hook) if path == CREATE else None,
+            Limits(),
+            observer=lambda path, code, total, upstream: self.measured.append((path, code)),
+        )
+        cfg = h2.config.H2Configuration
+        self.client = h2.connection.H2Connection(cfg(client_side=True, header_encoding=None))
+        self.runtime = h2.connection.H2Connection(cfg(client_side=False, header_encoding=None))
+        self.client.initiate_connection()
+        self.runtime.initiate_connection()
+        self.client_events: list[h2.events.Event] = []
+        self.move()
+
+    def move(self) -> None:
+        """Deliver everything queued both ways until nothing moves (answers read as they pass)."""
+        moved = True
+        while moved:
+            moved = False
+            for data, into in (
+                (self.client.data_to_send(), self.core.receive_from_client),
+                (self.runtime.data_to_send(), self.core.receive_from_runtime),
+            ):
+                if data:
+                    into(data)
+                    moved = True
+            out = b"".join(bytes(c) for c in self.core.take_runtime())
+            if out:
+                self.runtime.receive_data(out)
+                moved = True
+            moved |= self.to_client()
+
+    def to_client(self) -> bool:
+        out = b"".join(bytes(c) for c in self.core.take_client())
+        if out:
+            self.client_events += self.client.receive_data(out)
+        return bool(out)
+
+    def hooked_call(self) -> int:
+        """A CreateContainer whose pre hook ended (the request went on unchanged)."""
+        sid: int = self.client.get_next_available_stream_id()
+        self.client.send_headers(sid, request_headers(CREATE))
+        self.client.send_data(sid, struct.pack(">BI", 0, 0), end_stream=True)
+        self.move()
+        events = self.core.take_events()
+        assert [type(e) for e in events] == [RunPre]
+        self.core.hook_finished(sid, PreDone(None, pb.CreateContainerRequest()))
+        self.move()
+        return sid
+
+    def answer(self, sid: int, trailers: bytes | None = None) -> bytes:
+        """The runtime's answer (OK, REPLY), not yet delivered; `trailers`: a block of its own."""
+        self.runtime.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+        self.runtime.send_data(sid, struct.pack(">BI", 0, len(REPLY)) + REPLY)
+        if trailers is None:
+            self.runtime.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+            return self.runtime.data_to_send()
+        head = self.runtime.data_to_send()
+        return head + wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, sid, trailers)
+
+    def client_statuses(self) -> dict[int, bytes]:
+        return {
+            e.stream_id: dict(e.headers)[b"grpc-status"]
+            for e in self.client_events
+            if isinstance(e, h2.events.TrailersReceived)
+        }
+
+
+def test_an_answer_is_written_before_it_is_read() -> None:
+    pair = Pair()
+    sid = pair.hooked_call()
+    pair.core.receive_from_runtime(pair.answer(sid), answers_later=True)
+    assert pair.to_client()
+    assert pair.client_statuses() == {sid: b"0"}  # the client has the whole answer ...
+    assert len(pair.core.answers) == 2  # ... whose two header blocks wait to be read
+    assert not pair.core.take_events() and not pair.measured
+    assert sid not in pair.core.streams  # the call is over for the core already (PINGs, bounds)
+    assert pair.core.buffered() > 0
+
+    pair.core.read_answers()
+    events = pair.core.take_events()
+    assert len(events) == 1 and isinstance(events[0], RunPost) and events[0].response == REPLY
+    assert pair.measured == [(CREATE, 0)]
+    assert not pair.core.answers and pair.core.buffered() == 0
+    assert not pair.core.take_client()  # nothing more for the client
+
+
+def test_answers_not_read_yet_are_read_first_by_the_next_call_into_the_core() -> None:
+    pair = Pair()
+    sid = pair.hooked_call()
+    pair.core.receive_from_runtime(pair.answer(sid), answers_later=True)
+    pair.to_client()
+    pair.client.ping(b"12345678")
+    pair.core.receive_from_client(pair.client.data_to_send())
+    assert [type(e) for e in pair.core.take_events()] == [RunPost]
+    assert pair.measured == [(CREATE, 0)]
+    # and the dynamic tables are still those the client's decoder has
+    pair.move()
+    ours = pair.core.r_block.decoder
+    assert ours is not None
+    assert list(ours.header_table.dynamic_entries) == list(pair.client.decoder.header_table.dynamic_entries)
+
+
+def test_an_answer_that_does_not_decode_reaches_the_client_and_its_call_ends_unavailable() -> None:
+    """Read later, a block that does not decode has gone to the client (whose decoder rejects it,
+    as it would from the runtime directly); the core then ends its call UNAVAILABLE (the hooks'
+    failure path), as it does when it reads the block as it passes, and closes the link."""
+    pair = Pair()
+    sid = pair.hooked_call()
+    bad = b"\xff\xff\xff\xff\x0f"  # an index far past any table
+    pair.core.receive_from_runtime(pair.answer(sid, trailers=bad), answers_later=True)
+    written = b"".join(bytes(c) for c in pair.core.take_client())
+    assert bad in written
+    pair.core.read_answers()
+    events = pair.core.take_events()
+    assert len(events) == 1 and isinstance(events[0], RunFailed) and events[0].code == UNAVAILABLE
+    assert pair.measured == [(CREATE, UNAVAILABLE)]
+    assert pair.core.closing
+    assert any("does not decode" in w for w in pair.core.warnings)
+
+    now = Pair()  # read as it passes: the block is not passed on; the call ends the same way
+    sid = now.hooked_call()
+    now.core.receive_from_runtime(now.answer(sid, trailers=bad))
+    assert bad not in b"".join(bytes(c) for c in now.core.take_client())
+    events = now.core.take_events()
+    assert len(events) == 1 and isinstance(events[0], RunFailed) and events[0].code == UNAVAILABLE
+    assert now.measured == [(CREATE, UNAVAILABLE)] and now.core.closing
