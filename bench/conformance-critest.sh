@@ -1,5 +1,6 @@
 #!/bin/bash
-# Usage: /work/tools/with-containerd.py bench/conformance-critest.sh  (env OUT, MODES, VERSIONS, CRITEST_ARGS)
+# Usage: .venv/bin/python bench/with_containerd.py bench/conformance-critest.sh  (env OUT, MODES, VERSIONS, CRITEST_ARGS,
+# TOOLS: the directory with crictl-1.36.0 and critest-<version> built from cri-tools, default /work/tools/bin)
 # Inside with-containerd.py: CNI (bridge crimeas0 + loopback) for the private containerd, proxy (frames) in front,
 # critest 1.36.0 and 1.26.1 direct and via proxy, junit reports to $OUT.
 set -u
@@ -17,7 +18,8 @@ cat > $W/cni/conf/10-measure.conflist <<JSON
   {"type": "portmap", "capabilities": {"portMappings": true}, "snat": false}
 ]}
 JSON
-C=/work/tools/bin/crictl-1.36.0
+TOOLS=${TOOLS:-/work/tools/bin}
+C=$TOOLS/crictl-1.36.0
 for i in $(seq 100); do $C -r unix://$CONTAINERD_SOCK info 2>/dev/null | grep -A3 '"type": "NetworkReady"' | grep -q '"status": true' && break; sleep 0.2; done
 $C -r unix://$CONTAINERD_SOCK info 2>/dev/null | grep -A3 NetworkReady
 D=$(mktemp -d /tmp/ctm-XXXX)
@@ -34,7 +36,7 @@ done
 for v in $VERSIONS; do
   for t in direct $MODES; do
     echo "=== critest $v $t $(date -u +%T)"
-    /work/tools/bin/critest-$v --runtime-endpoint ${EP[$t]} --image-endpoint ${EP[$t]} --ginkgo.no-color \
+    $TOOLS/critest-$v --runtime-endpoint ${EP[$t]} --image-endpoint ${EP[$t]} --ginkgo.no-color \
       --ginkgo.junit-report $OUT/critest-$v-$t.xml ${CRITEST_ARGS:-} > $OUT/critest-$v-$t.txt 2>&1
     echo "rc=$? $(date -u +%T)"; grep -E '^(Ran|FAIL|PASS|SUCCESS)' $OUT/critest-$v-$t.txt | tail -3
   done

@@ -1,10 +1,12 @@
 #!/bin/bash
-# Usage: /work/tools/with-containerd.py bench/conformance-streaming.sh
+# Usage: .venv/bin/python bench/with_containerd.py bench/conformance-streaming.sh  (env TOOLS: the directory
+# with crictl-1.36.0, default /work/tools/bin)
 # crictl-1.36.0 streaming paths (exec -i, exec -t, attach, logs -f, port-forward), direct and through the
 # proxy (frames), each on its own pod; prints one line per path and endpoint: ok/FAIL and what was seen.
 set -u
 WT=$(cd "$(dirname "$0")/.." && pwd)
-C=/work/tools/bin/crictl-1.36.0
+TOOLS=${TOOLS:-/work/tools/bin}
+C=$TOOLS/crictl-1.36.0
 D=$(mktemp -d /tmp/stm-XXXX)
 $WT/.venv/bin/cri-proxy serve --config /dev/null --listen unix://$D/p.sock --runtime-endpoint unix://$CONTAINERD_SOCK \
   --state-dir $D/state --kubelet-state-file $D/cms > $D/proxy.log 2>&1 &

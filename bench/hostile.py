@@ -1,7 +1,7 @@
 """RSS of the proxy (frames mode) and of containerd under hostile raw HTTP/2 clients, same run.
 
 Usage (root, a private containerd around it):
-    /work/tools/with-containerd.py .venv/bin/python bench/hostile.py [--seconds 4] [--only NAME]
+    .venv/bin/python bench/with_containerd.py .venv/bin/python bench/hostile.py [--seconds 4] [--only NAME]
 
 Each client is bounded in time and bytes and talks to a unix socket only. For each client and target it
 prints the target's RSS before (baseline), the peak while the client runs, and 3 s after it has left.
