@@ -816,8 +816,8 @@ class LinkCore:
         answers, self.answers = self.answers, []
         for i, (st, block, now) in enumerate(answers):
             try:
-                if self.closing:
-                    raise BlockError("the connection was closing")
+                if self.closing:  # after a block that did not decode: the table is not the client's
+                    raise BlockError("the link is closing")
                 decoded = self.r_block.decode_taken(block)
             except BlockError as exc:
                 for lost, _, _ in answers[i:]:
@@ -966,8 +966,8 @@ class LinkCore:
     # -- the ends ---------------------------------------------------------------------------------
     def _end_calls(self, code: int, message: str, answer: bool) -> None:
         """End every open call with `code` (answering the client when `answer`); hooks roll back."""
-        if self.answers:  # the calls the runtime answered just before end as it said
-            self.read_answers()
+        if self.answers:  # the calls the runtime answered just before end as it said (and the
+            self.read_answers()  # client's answers, e.g. after it left, were written to it)
         if self.streams:
             self.warnings.append(f"{message} ({len(self.streams)} calls open)")
         if answer:
@@ -1005,8 +1005,6 @@ class LinkCore:
 
     def client_lost(self) -> None:
         """The client went away: its calls are cancelled; their hooks' failure path runs."""
-        if self.answers:  # the answers that came before it left were written to it
-            self.read_answers()
         self._end_calls(CANCELLED, "client went away", answer=False)
         self.closing = True
 
