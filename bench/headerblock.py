@@ -1,7 +1,8 @@
 """How long one client's big header blocks stall another connection: direct to containerd vs the proxy.
 
 Usage (root, a private containerd around it):
-    .venv/bin/python bench/with_containerd.py .venv/bin/python bench/headerblock.py [--seconds 5] [--only NAME]
+    .venv/bin/python bench/with_containerd.py \
+        .venv/bin/python bench/headerblock.py [--seconds 5] [--only NAME]
 
 One raw HTTP/2 client sends, connection after connection, the largest header block the proxy
 accepts (just under its 2 MiB cap) of one kind, waits for the stream's end, and goes again. Meanwhile

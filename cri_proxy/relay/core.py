@@ -713,6 +713,8 @@ class LinkCore:
             elif ftype == wire.SETTINGS:
                 if flags & wire.ACK:
                     if self.answers:  # the blocks before the ACK decode under the table size before it
+                        self._span(buf, start, at)  # out first: reading may add frames of ours
+                        start = at
                         self.read_answers()
                     self.r_block.acknowledged()
                 else:

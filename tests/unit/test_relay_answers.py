@@ -12,6 +12,7 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 
 from cri_api.v1 import api_pb2 as pb
 from cri_proxy.relay import wire
@@ -158,3 +159,27 @@ def test_an_answer_that_does_not_decode_reaches_the_client_and_its_call_ends_una
     events = now.core.take_events()
     assert len(events) == 1 and isinstance(events[0], RunFailed) and events[0].code == UNAVAILABLE
     assert now.measured == [(CREATE, UNAVAILABLE)] and now.core.closing
+
+
+def test_frames_of_ours_added_while_answers_are_read_follow_the_answer() -> None:
+    """A SETTINGS ACK after an answer in the same read makes the core read the answer first (the
+    table size the ACK brings binds later blocks only). The PING it held for the slow call goes
+    to the client then, after the answer, not before it."""
+    pair = Pair()
+    sid = pair.hooked_call()  # CreateContainer: slow, so the runtime's PING waits
+    pair.runtime.ping(b"held-001")
+    pair.core.receive_from_runtime(pair.runtime.data_to_send())
+    assert pair.core.held_pings
+    pair.client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: 4096})
+    pair.core.receive_from_client(pair.client.data_to_send())
+    pair.runtime.receive_data(b"".join(bytes(c) for c in pair.core.take_runtime()))
+    ack = pair.runtime.data_to_send()
+    assert ack == wire.SETTINGS_ACK
+    pair.core.receive_from_runtime(pair.answer(sid) + ack, answers_later=True)
+    events = pair.client.receive_data(b"".join(bytes(c) for c in pair.core.take_client()))
+    kinds = [type(e) for e in events]
+    assert h2.events.PingReceived in kinds and h2.events.StreamEnded in kinds
+    assert kinds.index(h2.events.StreamEnded) < kinds.index(h2.events.PingReceived)
+    assert kinds[-1] is h2.events.SettingsAcknowledged
+    pair.core.read_answers()
+    assert [type(e) for e in pair.core.take_events()] == [RunPost]
