@@ -2,8 +2,9 @@
 a LinkCore, their bytes cut at random places and interleaved at random, requests hooked or not,
 hooks ending at random moments. Invariants: no exception escapes the core and neither peer ever
 sees a protocol error (so flow control and header blocks stay valid); each peer gets, in order,
-every byte it is owed; the HPACK tables of each pair stay equal; every call is measured with the
-path its client sent and the status its runtime sent; held bytes stay within bound."""
+every byte it is owed (a runtime PING only after every frame the runtime sent before it); the
+HPACK tables of each pair stay equal; every call is measured with the path its client sent and the
+status its runtime sent; held bytes stay within bound."""
 
 from __future__ import annotations
 
@@ -90,6 +91,10 @@ class Link(RuleBasedStateMachine):
         self.runtime_pinged: list[bytes] = []  # the runtime's PING payloads, in order
         self.runtime_acked: list[bytes] = []  # ... the ACKs it got back
         self.client_pinged: list[bytes] = []  # ... the PINGs the client got
+        # per PING payload, in order: what the runtime had sent before it (stream -> (response
+        # bytes, trailers too)); the client must have all of it when that PING reaches it
+        self.ping_marks: dict[bytes, deque[dict[int, tuple[int, bool]]]] = {}
+        self.r_done: set[int] = set()  # runtime: streams whose trailers it sent
         # SETTINGS not yet acknowledged (h2 mishandles a table size change while another is pending,
         # even between two h2 peers directly: one at a time)
         self.client_settings_pending = 1
@@ -186,9 +191,22 @@ class Link(RuleBasedStateMachine):
                 self.client_settings_pending -= 1
             elif isinstance(event, h2.events.PingReceived):
                 self.client_pinged.append(event.ping_data)
+                self._ping_follows_what_came_before(event.ping_data)
             elif isinstance(event, h2.events.ConnectionTerminated):
                 raise AssertionError(f"client got GOAWAY: {event}")
         self._pump_out()
+
+    def _ping_follows_what_came_before(self, payload: bytes) -> None:
+        """A runtime PING (passed at once or held) reaches the client after every frame the runtime
+        sent before it: the core's own frames never go ahead of the runtime's."""
+        marks = self.ping_marks.get(payload)
+        if not marks:
+            return
+        for sid, (sent, done) in marks.popleft().items():  # the earliest such PING: the least asked
+            if sid in self.refused or sid in self.reset_at_runtime:
+                continue
+            assert len(self.answered.get(sid, b"")) >= sent, f"a PING went ahead of stream {sid}'s DATA"
+            assert not done or sid in self.statuses, f"a PING went ahead of stream {sid}'s trailers"
 
     # -- what the peers do ----------------------------------------------------------------------------
     @precondition(lambda self: len(self.sent) < 12)
@@ -273,6 +291,11 @@ class Link(RuleBasedStateMachine):
         payload = bytes([n]) * 8
         self.server.ping(payload)
         self.runtime_pinged.append(payload)
+        sent = {
+            sid: (len(body) - len(self.r_unsent.get(sid, b"")), sid in self.r_done)
+            for sid, body in self.responses.items()
+        }
+        self.ping_marks.setdefault(payload, deque()).append(sent)
         self._pump_out()
 
     @precondition(lambda self: bool(self.core.held_pings))
@@ -325,6 +348,7 @@ class Link(RuleBasedStateMachine):
             return
         del self.r_unsent[sid]
         self.server.send_headers(sid, [("grpc-status", status(sid))], end_stream=True)
+        self.r_done.add(sid)
 
     @rule()
     def runtime_continues(self) -> None:
