@@ -183,3 +183,20 @@ def test_frames_of_ours_added_while_answers_are_read_follow_the_answer() -> None
     assert kinds[-1] is h2.events.SettingsAcknowledged
     pair.core.read_answers()
     assert [type(e) for e in pair.core.take_events()] == [RunPost]
+
+
+def test_answers_not_read_when_the_runtime_is_lost_count_as_answered() -> None:
+    """The runtime goes away right after an answer that was passed on, unread: that call is over
+    and its post hook runs; a call still open ends UNAVAILABLE (its failure hook runs)."""
+    pair = Pair()
+    answered = pair.hooked_call()
+    still_open = pair.hooked_call()
+    pair.core.receive_from_runtime(pair.answer(answered), answers_later=True)
+    pair.to_client()
+    pair.core.runtime_lost(": connection reset")
+    events = pair.core.take_events()
+    assert [type(e) for e in events] == [RunPost, RunFailed]
+    assert isinstance(events[1], RunFailed) and events[1].code == UNAVAILABLE
+    assert pair.measured == [(CREATE, 0), (CREATE, UNAVAILABLE)]
+    assert pair.core.closing and not pair.core.answers
+    assert still_open not in pair.core.streams
