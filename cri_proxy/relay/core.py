@@ -23,10 +23,10 @@ back before the answer, off the path of the client's next call.
 Reading an answer comes after writing it: with `answers_later` (the adapter's way) the runtime's
 header blocks pass on undecoded and `read_answers` decodes them once the adapter has written the
 read's bytes, then measures the calls they end and asks for their hooks (0.05-0.08 ms less per
-CreateContainer on a busy 2-vCPU VM). Every other call into the core reads them first, and so
-does whatever depends on the decoder's table (the runtime's SETTINGS ACK, the core's own status
-blocks). A block that does not decode has then reached the client, whose decoder rejects it as it
-would the runtime's directly.
+CreateContainer on a busy 2-vCPU VM). More input (from either side, a hook's end, the timer) and
+the end of calls read them first, and so does whatever depends on the decoder's table (the
+runtime's SETTINGS ACK, the core's own status blocks). A block that does not decode has then
+reached the client, whose decoder rejects it as it would the runtime's directly.
 
 Protocol errors: what the runtime would reject (bad preface, oversized frame, broken header
 block) is passed to the runtime, which answers with its own error code and scope; the client's
@@ -669,7 +669,7 @@ class LinkCore:
         """The runtime's bytes. With `answers_later`, its header blocks are passed on undecoded: the
         caller writes what goes to the client, then calls `read_answers` (which decodes them,
         measures the calls they end and asks for their hooks), so that an answer leaves before the
-        work of reading it. Any other call into the core reads them first."""
+        work of reading it. More input, and the end of calls, read them first."""
         if self.answers:
             self.read_answers()
         if self.closing:
