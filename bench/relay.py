@@ -211,10 +211,12 @@ def hooked_create(
         (percentile(p[i : i + size], 0.5) - percentile(d[i : i + size], 0.5)) * 1e3
         for i in range(0, n - size + 1, size)
     ]
-    # the order alternates d,p | p,d: a proxied create in an odd round comes right after one through
-    # the proxy (whose post hook and plan may still run), in an even round after a direct one (with
-    # a pod each, every create also comes right after its pod's RunPodSandbox, on the same path)
-    after_d, after_p = percentile(p[0::2], 0.5) - dp, percentile(p[1::2], 0.5) - dp
+    # the order alternates d,p | p,d: a create in an odd round comes right after one on the other
+    # path, in an even round after one on its own path (the client's channel and the proxy warm;
+    # with a pod each, every create also comes right after its pod's RunPodSandbox on its path):
+    # added p50 with both paths warm, and with both cold
+    warm = percentile(p[1::2], 0.5) - percentile(d[0::2], 0.5)
+    cold = percentile(p[0::2], 0.5) - percentile(d[1::2], 0.5)
     print(
         f"CreateContainer (hooked; {'a pod each' if pod_each else 'one growing pod'};"
         f" direct with cpuset {cpus}) x{n}"
@@ -222,8 +224,8 @@ def hooked_create(
         f" | added p50 {(pp - dp) * 1e3:.3f} ms (per block of {size}: "
         f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
         f" | paired added median {statistics.median(b - a for a, b in zip(d, p, strict=True)) * 1e3:.3f} ms"
-        f" | added p50 after a direct call {after_d * 1e3:.3f} ms, right after a proxied one"
-        f" {after_p * 1e3:.3f} ms"
+        f" | added p50 with each path's previous call on that path {warm * 1e3:.3f} ms,"
+        f" on the other path {cold * 1e3:.3f} ms"
         f" | hook mean pre {hook['pre'] * 1e3:.3f} ms, post {hook['post'] * 1e3:.3f} ms (after the answer)"
         f" | relay = added - pre {(pp - dp - hook['pre']) * 1e3:.3f} ms"
         f" | proxy CPU {cpu * 1e3:.3f} ms a create{' (with its RunPodSandbox)' if pod_each else ''}",
