@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -110,6 +111,14 @@ def runtime(kind: str, work: Path) -> Iterator[str]:
         yield containerd.address
     finally:
         containerd.stop()  # removes every pod first (and kills what CRI did not know), then cleans up
+
+
+def free_port() -> int:
+    """A loopback TCP port free now (for a listener the bench starts next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def rss_kib(pid: int | str = "self") -> int:

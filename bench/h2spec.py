@@ -23,16 +23,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from common import runtime, start_proxy, stop_all
+from common import free_port, runtime, start_proxy, stop_all
 
 PATH = "/runtime.v1.RuntimeService/Version"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_port(port: int, deadline: float = 10.0) -> None:

@@ -22,7 +22,6 @@ import argparse
 import concurrent.futures
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import ROOT, proc_figures, rss_kib, runtime, start_proxy, stop_all
+from common import ROOT, free_port, proc_figures, rss_kib, runtime, start_proxy, stop_all
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
@@ -133,13 +132,6 @@ def sequential(direct: Target, proxy: Target, n: int) -> None:
         f" | proxy CPU {(proxy_cpu() - cpu0) / n * 1e6:.0f} µs a call",
         flush=True,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def hook_counters(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
