@@ -130,6 +130,9 @@ class HeaderBlocks:
             if decoder.start(self.take(), self.max_list, self.keep, budget):
                 return decoder.fields, decoder.size  # a short block of references: at once
             self.decoding = True
+        return self._step(decoder, budget)
+
+    def _step(self, decoder: StepDecoder, budget: int) -> tuple[Headers, int] | None:
         try:
             done = decoder.step(budget)
         except DecodeError as exc:
@@ -151,12 +154,12 @@ class HeaderBlocks:
         decoder = self.decoder
         if decoder is None or self.decoding:
             raise BlockError("no block can be decoded now")
-        if not decoder.start(data, self.max_list, self.keep, 1 << 62):
-            try:
-                decoder.step(1 << 62)  # no budget: done at once
-            except DecodeError as exc:
-                raise BlockError(f"header block does not decode: {exc}") from exc
-        return decoder.fields, decoder.size
+        if decoder.start(data, self.max_list, self.keep, 1 << 62):
+            return decoder.fields, decoder.size
+        self.decoding = True
+        decoded = self._step(decoder, 1 << 62)
+        assert decoded is not None  # no budget: done at once
+        return decoded
 
     def pending_bytes(self) -> int:
         return sum(len(f) for f in self.frags)
