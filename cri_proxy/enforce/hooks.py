@@ -1,6 +1,7 @@
 """The CRI hooks: CRI event -> node state -> decision -> the request changed, the others updated.
 
-`CreateContainer` gets its cpuset before it is forwarded (exclusive CPUs are vacated first);
+`CreateContainer` gets its cpuset before it is forwarded (exclusive CPUs are vacated first), and
+the line saying so is written with its answer;
 kubelet's `UpdateContainerResources` is merged into the last-known resources and keeps the
 decided cpuset; the sandbox and container life-cycle calls keep the state and wake the reconciler.
 """
@@ -34,6 +35,8 @@ from cri_proxy.state.resources import merge_linux_resources
 EXCLUSIVE = frozenset({QoS.LSE, QoS.LSR})
 LEARN_WAIT = 2.0
 """Seconds an update naming an unknown container waits for the runtime's listing, at most."""
+LINES_WAITING = 1024
+"""Creates in flight whose line waits for their answer, at most; past it the oldest is written."""
 
 
 def pod_record(sandbox_id: str, config: Any, api_version: str) -> PodRecord:
@@ -52,8 +55,8 @@ def pod_record(sandbox_id: str, config: Any, api_version: str) -> PodRecord:
 
 
 def _say(pod: PodRecord, container: str, level: str, message: str, *args: object) -> None:
-    """A line about a container of `pod`, bound to them (`about_pod`): the create's lines are put
-    off until its request went on (`soon`), the binding with them."""
+    """A line about a container of `pod`, bound to them (`about_pod`): a create's lines are put off
+    until its request went on (`soon`) or its answer came (`EnforceHooks._said`), the binding too."""
     log, who = about_pod(pod, container)
     log.log(level, "{}: " + message, who, *args)
 
@@ -85,6 +88,10 @@ class EnforceHooks:
         # sandboxes first seen in a CreateContainer's sandbox_config, until the runtime confirms them
         self._learned: set[str] = set()
         self._planning: asyncio.Handle | None = None  # the plan to make after this loop turn
+        # pending id -> the INFO line about its create, written when the call ends: formatting and
+        # writing it while the runtime works would take a CPU the runtime wants (on a small node,
+        # ~0.1 ms of each create); at the end it also says what the create became
+        self._lines: dict[str, tuple[PodRecord, str, str, tuple[object, ...]]] = {}
 
     @property
     def fail_policy(self) -> FailPolicy:
@@ -191,12 +198,12 @@ class EnforceHooks:
         if decision is None or decision.cpuset is None:
             why = decision.why if decision is not None else "not managed"
             qos = decision.qos if decision else None
-            soon(_say, pod, name, "INFO", "{} -> cpuset left as is ({})", qos, why)
+            self._line(pid, pod, name, "{} -> cpuset left as is ({})", qos, why)
             return request
         cpus = str(decision.cpuset)
         dry_run = self.dry_run
         dry = " [dry-run]" if dry_run else ""
-        soon(_say, pod, name, "INFO", "{} -> cpuset {} ({}){}", decision.qos, cpus, decision.why, dry)
+        self._line(pid, pod, name, "{} -> cpuset {} ({}){}", decision.qos, cpus, decision.why, dry)
         if dry_run:
             return request
         req.config.linux.resources.cpuset_cpus = cpus  # creates linux/resources when absent
@@ -206,8 +213,23 @@ class EnforceHooks:
                 await self._vacate(pod, name, cpus)
             except asyncio.CancelledError:  # the caller gave up while we waited: nothing was created
                 self.state.remove_container(pid)
+                self._said(pid, "; not forwarded: the call was cancelled")
                 raise
         return request
+
+    def _line(self, pid: str, pod: PodRecord, name: str, message: str, *args: object) -> None:
+        """The INFO line about create `pid`, kept until its call ends (`_said`)."""
+        lines = self._lines
+        if len(lines) >= LINES_WAITING:  # answers that never come (a hung runtime): lines are not lost
+            self._said(next(iter(lines)), "; no answer yet")
+        lines[pid] = (pod, name, message, args)
+
+    def _said(self, pid: str, outcome: str) -> None:
+        """Write the line kept about create `pid`, with what became of it."""
+        kept = self._lines.pop(pid, None)
+        if kept is not None:
+            pod, name, message, args = kept
+            _say(pod, name, "INFO", message + "{}", *args, outcome)
 
     def _refuse_bad_annotation(self, pod: PodRecord, problems: list[Problem], pid: str) -> None:
         """The pod's `problems` name an annotation that does not parse: refused under fail policy."""
@@ -241,6 +263,7 @@ class EnforceHooks:
         req: Any = request
         pid = pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
         cid = response.container_id  # type: ignore[attr-defined]
+        self._said(pid, f"; created {cid[:13]}")
         resources = req.config.linux.resources
         applied = canonical_cpuset(resources.cpuset_cpus)
         # asked of the pending record, before the rename (which changes no decision but a v1 kubelet
@@ -273,7 +296,9 @@ class EnforceHooks:
     async def create_failed(self, request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
         req: Any = request
         sid = req.pod_sandbox_id
-        self.state.remove_container(pending_id(sid, req.config.metadata.name, req.config.metadata.attempt))
+        pid = pending_id(sid, req.config.metadata.name, req.config.metadata.attempt)
+        self._said(pid, f"; not created: {code.name}")
+        self.state.remove_container(pid)
         if sid in self._learned:
             self._learned.discard(sid)
             if code is grpc.StatusCode.NOT_FOUND and not any(self.state.containers_of(sid)):

@@ -267,7 +267,12 @@ def test_v1alpha2_calls_are_enforced_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["frames", "grpc"])
 @pytest.mark.parametrize("where", ["waiting-for-exclusivity", "at-the-runtime"])
 def test_a_cancelled_create_container_leaves_nothing_pending(tmp_path: Path, mode: str, where: str) -> None:
-    """kubelet gives up on a CreateContainer (deadline): no half-created container stays in the state."""
+    """kubelet gives up on a CreateContainer (deadline): no half-created container stays in the
+    state, and the line about the create says it was not made."""
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO", format="{message}")
 
     async def main() -> None:
         slow = FakeOptions(
@@ -301,10 +306,20 @@ def test_a_cancelled_create_container_leaves_nothing_pending(tmp_path: Path, mod
                         break
                     await asyncio.sleep(0.05)
                 assert not [c.id for c in n.proxy.state.containers() if c.id.startswith("pending/")]
+                about = [line for line in lines if line.startswith("default/lsr main: LSR -> cpuset 0-1")]
+                ended = (
+                    "not forwarded: the call was cancelled"
+                    if where == "waiting-for-exclusivity"
+                    else "not created: CANCELLED"
+                )
+                assert about == [f"default/lsr main: LSR -> cpuset 0-1 (allocation cpuset); {ended}"]
         finally:
             await fake.stop(0)
 
-    run(main())
+    try:
+        run(main())
+    finally:
+        logger.remove(sink)
 
 
 def test_an_update_naming_a_container_made_behind_the_proxys_back_gets_its_decision(tmp_path: Path) -> None:
@@ -339,3 +354,51 @@ def test_an_update_naming_a_container_made_behind_the_proxys_back_gets_its_decis
                 await direct.close(None)
 
     run(main())
+
+
+def test_the_line_about_each_create_is_written_once_when_its_call_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The INFO line about a create waits for its call's end and says how it ended; lines waiting
+    are bounded (a runtime that never answers): past the bound the oldest is written at once."""
+    from loguru import logger
+
+    from cri_proxy.enforce import hooks as hooks_module
+    from cri_proxy.relay.methods import KNOWN
+
+    monkeypatch.setattr(hooks_module, "LINES_WAITING", 2)
+    create = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO", format="{message}")
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            hooks = n.proxy.hooks
+            config = v1.PodSandboxConfig(
+                metadata=v1.PodSandboxMetadata(name="p", uid="uid-p", namespace="d"),
+                linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/poduid-p"),
+            )
+            run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
+            response = v1.RunPodSandboxResponse(pod_sandbox_id="s")
+            await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
+            requests = {}
+            lines.clear()
+            for name in ("a", "b", "c"):
+                meta = v1.ContainerMetadata(name=name)
+                config_c = v1.ContainerConfig(metadata=meta)
+                request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config_c)
+                requests[name] = await hooks.create_container(request, create)
+            assert lines == ["d/p a: BE -> cpuset 0-15 (BE share pool); no answer yet"]  # pushed out by c
+            made = v1.CreateContainerResponse
+            await hooks.container_created(requests["b"], made(container_id="ctr-b"), create)
+            await hooks.create_failed(requests["c"], grpc.StatusCode.DEADLINE_EXCEEDED, create)
+            await hooks.container_created(requests["a"], made(container_id="ctr-a"), create)
+            assert lines[1:] == [
+                "d/p b: BE -> cpuset 0-15 (BE share pool); created ctr-b",
+                "d/p c: BE -> cpuset 0-15 (BE share pool); not created: DEADLINE_EXCEEDED",
+            ]  # a's line was written already: not twice
+
+    try:
+        run(main())
+    finally:
+        logger.remove(sink)
