@@ -220,7 +220,9 @@ class EnforceHooks:
     def _line(self, pid: str, pod: PodRecord, name: str, message: str, *args: object) -> None:
         """The INFO line about create `pid`, kept until its call ends (`_said`)."""
         lines = self._lines
-        if len(lines) >= LINES_WAITING:  # answers that never come (a hung runtime): lines are not lost
+        if pid in lines:  # the same create again before the first one ended: that one's line goes now
+            self._said(pid, "; no answer yet")
+        elif len(lines) >= LINES_WAITING:  # answers that never come (a hung runtime): none is lost
             self._said(next(iter(lines)), "; no answer yet")
         lines[pid] = (pod, name, message, args)
 

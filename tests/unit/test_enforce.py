@@ -360,7 +360,8 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The INFO line about a create waits for its call's end and says how it ended; lines waiting
-    are bounded (a runtime that never answers): past the bound the oldest is written at once."""
+    are bounded (a runtime that never answers): past the bound the oldest is written at once, and
+    so is the line of a create sent again before the first one ended."""
     from loguru import logger
 
     from cri_proxy.enforce import hooks as hooks_module
@@ -383,17 +384,20 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
             await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
             requests = {}
             lines.clear()
-            for name in ("a", "b", "c"):
+            for name in ("a", "b", "c", "c"):
                 meta = v1.ContainerMetadata(name=name)
                 config_c = v1.ContainerConfig(metadata=meta)
                 request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config_c)
                 requests[name] = await hooks.create_container(request, create)
-            assert lines == ["d/p a: BE -> cpuset 0-15 (BE share pool); no answer yet"]  # pushed out by c
+            assert lines == [
+                "d/p a: BE -> cpuset 0-15 (BE share pool); no answer yet",  # pushed out by c
+                "d/p c: BE -> cpuset 0-15 (BE share pool); no answer yet",  # the same create again
+            ]
             made = v1.CreateContainerResponse
             await hooks.container_created(requests["b"], made(container_id="ctr-b"), create)
             await hooks.create_failed(requests["c"], grpc.StatusCode.DEADLINE_EXCEEDED, create)
             await hooks.container_created(requests["a"], made(container_id="ctr-a"), create)
-            assert lines[1:] == [
+            assert lines[2:] == [
                 "d/p b: BE -> cpuset 0-15 (BE share pool); created ctr-b",
                 "d/p c: BE -> cpuset 0-15 (BE share pool); not created: DEADLINE_EXCEEDED",
             ]  # a's line was written already: not twice
