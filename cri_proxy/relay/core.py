@@ -655,6 +655,9 @@ class LinkCore:
             self.observer(st.path, code, total, max(0.0, now - st.sent_at) if upstream and now else 0.0)
 
     def _after(self) -> None:
+        """What an input may have made due: held PINGs, a stalled stream, credit, our own frames."""
+        if not (self.stalled or self.credit or self.own_r or self.own_c or self.held_pings):
+            return
         if self.held_pings and not self._slow_open():
             self._release_pings()
         if self.stalled:
@@ -738,8 +741,7 @@ class LinkCore:
         if start < end:
             out.append(buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end])
         self.r_split.keep(buf, end)
-        if self.stalled or self.credit or self.own_r or self.own_c or self.held_pings:
-            self._after()
+        self._after()
 
     def _span(self, buf: Buf, start: int, at: int) -> None:
         """Write the passed-through frames before `at` (a frame of ours, or a changed one, follows)."""
@@ -830,8 +832,7 @@ class LinkCore:
                 return
             if st is not None:
                 self._answered(st, decoded, now)
-        if self.stalled or self.credit or self.own_r or self.own_c or self.held_pings:
-            self._after()
+        self._after()
 
     def _answered(self, st: Stream, decoded: tuple[Headers, int] | None, now: float) -> None:
         """The runtime ended a call (`decoded`: its last header block, None when not read)."""
