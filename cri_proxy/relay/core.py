@@ -23,10 +23,12 @@ back before the answer, off the path of the client's next call.
 Reading an answer comes after writing it: with `answers_later` (the adapter's way) the runtime's
 header blocks pass on undecoded and `read_answers` decodes them once the adapter has written the
 read's bytes, then measures the calls they end and asks for their hooks (0.05-0.08 ms less per
-CreateContainer on a busy 2-vCPU VM). More input (from either side, a hook's end, the timer) and
-the end of calls read them first, and so does whatever depends on the decoder's table (the
-runtime's SETTINGS ACK, the core's own status blocks). A block that does not decode has then
-reached the client, whose decoder rejects it as it would the runtime's directly.
+CreateContainer on a busy 2-vCPU VM). A read that goes to the client as it came whatever its
+frames say (an answer's frames alone: `_passes_as_is`) goes before its frames are even followed
+(`unread`; 0.02-0.15 ms less per CreateContainer in paired runs). More input (from either side,
+a hook's end, the timer) and the end of calls read them first, and so does whatever depends on the
+decoder's table (the runtime's SETTINGS ACK, the core's own status blocks). A block that does not
+decode has then reached the client, whose decoder rejects it as it would the runtime's directly.
 
 Protocol errors: what the runtime would reject (bad preface, oversized frame, broken header
 block) is passed to the runtime, which answers with its own error code and scope; the client's
@@ -181,6 +183,9 @@ class LinkCore:
         # any; the block; when it came), decoded in order by `read_answers`
         self.answers: list[tuple[Stream | None, bytes, float]] = []
         self.r_later = False  # this read's header blocks wait for `read_answers`
+        # a read of the runtime's already passed to the client, its frames not yet followed
+        # (`_passes_as_is`): `read_answers` follows them first
+        self.unread: tuple[Buf, list[wire.Frame], float] | None = None
         self.answered_early = False  # the runtime ended the stream whose block is being decoded
         self.closing = False  # close both connections once the output is written
         self.warnings: list[str] = []
@@ -214,6 +219,7 @@ class LinkCore:
             + sum(len(c) for c in self.early)
             + len(self.held_pings) * (wire.HEADER_LEN + 8)
             + sum(len(block) for _, block, _ in self.answers)
+            + (len(self.unread[0]) if self.unread is not None else 0)
         )
 
     def wants_client(self) -> bool:
@@ -242,7 +248,7 @@ class LinkCore:
 
     def _flush_own_c(self) -> None:
         if self.own_c and not self.r_block.open:
-            if self.answers and any(isinstance(c, OwnStatus) for c in self.own_c):
+            if (self.answers or self.unread) and any(isinstance(c, OwnStatus) for c in self.own_c):
                 self.read_answers()  # a status is rendered against the table those blocks leave
             self.out_c.extend(c if not isinstance(c, OwnStatus) else self._status(*c) for c in self.own_c)
             self.own_c = []
@@ -259,7 +265,7 @@ class LinkCore:
 
     # -- client -> runtime ------------------------------------------------------------------------
     def receive_from_client(self, data: bytes, now: float = 0.0) -> None:
-        if self.answers:
+        if self.answers or self.unread:
             self.read_answers()
         if self.client_dead or self.closing:
             return
@@ -381,7 +387,7 @@ class LinkCore:
 
     def decode_more(self, now: float = 0.0) -> None:
         """Decode more of the client's half-decoded header block; then its next frames go on."""
-        if self.answers:
+        if self.answers or self.unread:
             self.read_answers()
         if not self.c_block.decoding or self.closing:
             return
@@ -528,7 +534,7 @@ class LinkCore:
     # -- hooks ------------------------------------------------------------------------------------
     def hook_finished(self, sid: int, done: PreDone, now: float = 0.0) -> None:
         """A pre hook ended: send its request on, or refuse the call."""
-        if self.answers:
+        if self.answers or self.unread:
             self.read_answers()
         st = self.streams.get(sid)
         if st is None or st.hook is None or not st.hook.running:
@@ -673,7 +679,7 @@ class LinkCore:
         caller writes what goes to the client, then calls `read_answers` (which decodes them,
         measures the calls they end and asks for their hooks), so that an answer leaves before the
         work of reading it. More input, and the end of calls, read them first."""
-        if self.answers:
+        if self.answers or self.unread:
             self.read_answers()
         if self.closing:
             return
@@ -686,11 +692,48 @@ class LinkCore:
             buf, off, frames = self.r_split.feed(data)
         except (wire.FrameTooLarge, wire.PrefaceError) as exc:
             return self._runtime_broke(str(exc))
+        if answers_later and self._passes_as_is(buf, off, frames):
+            self.out_c.append(buf)  # the caller writes it at once; its frames are followed after
+            self.unread = (buf, frames, now)
+            return
+        self._runtime_frames(buf, off, frames, now, answers_later, passed=False)
+
+    def _passes_as_is(self, buf: Buf, off: int, frames: list[wire.Frame]) -> bool:
+        """Whether this read goes to the client exactly as it came, whatever following its frames
+        finds, so that it may go first (a create's answer then leaves ~0.08 ms sooner): whole frames of
+        answers only. Each is a header block in one HEADERS frame, or the read's one DATA frame,
+        unpadded, holding at most one message within the limit; no frame of ours waits to go."""
+        if off or not frames or frames[-1][1] != len(buf) or buf is self.r_split.buf:
+            return False
+        if self.r_block.open or self.own_c:  # (ours wait only while the runtime's block is open)
+            return False
+        streams = self.streams
+        seen_data = False
+        for at, end, ftype, flags, sid in frames:
+            if ftype == wire.HEADERS:
+                if flags != wire.END_HEADERS and flags != wire.END_HEADERS | wire.END_STREAM:
+                    return False
+            elif ftype == wire.DATA and not seen_data and not flags & wire.PADDED:
+                seen_data = True
+                st = streams.get(sid)
+                if st is None:
+                    if sid in self.dropping:  # dropped, not passed
+                        return False
+                elif not st.response.fits(buf, at + wire.HEADER_LEN, end, self.limits.message):
+                    return False  # perhaps a message over the limit: the call is ended instead
+            else:
+                return False
+        return True
+
+    def _runtime_frames(
+        self, buf: Buf, off: int, frames: list[wire.Frame], now: float, later: bool, passed: bool
+    ) -> None:
+        """Follow the runtime's frames; `passed`: they went to the client already (`_passes_as_is`)."""
         start = 0
         out = self.out_c
         streams = self.streams
         end = off
-        self.r_later = answers_later
+        self.r_later = later
         for at, end, ftype, flags, sid in frames:
             keep = True
             if ftype == wire.DATA:
@@ -738,7 +781,7 @@ class LinkCore:
                 start = end
                 self._flush_own_c()
         self.r_later = False
-        if start < end:
+        if start < end and not passed:
             out.append(buf if start == 0 and end == len(buf) and isinstance(buf, bytes) else buf[start:end])
         self.r_split.keep(buf, end)
         self._after()
@@ -814,9 +857,13 @@ class LinkCore:
             self._answered(st, decoded, now)
 
     def read_answers(self) -> None:
-        """Decode the runtime's header blocks passed on undecoded (`answers_later`), in their order:
-        the calls they ended are measured and their hooks asked for. A block that does not decode
-        reached the client, which rejects it too: its call and the later ones end UNAVAILABLE."""
+        """Follow the frames of a read passed before they were (`unread`), then decode the runtime's
+        header blocks passed on undecoded (`answers_later`), in their order: the calls they ended
+        are measured and their hooks asked for. A block that does not decode reached the client,
+        which rejects it too: its call and the later ones end UNAVAILABLE."""
+        if self.unread is not None:
+            (buf, frames, now), self.unread = self.unread, None
+            self._runtime_frames(buf, 0, frames, now, later=True, passed=True)
         answers, self.answers = self.answers, []
         for i, (st, block, now) in enumerate(answers):
             try:
@@ -932,7 +979,7 @@ class LinkCore:
     def answer_pings(self) -> None:
         """The runtime's PINGs waited long enough (the adapter's timer), or too many wait: the core
         answers them."""
-        if self.answers:
+        if self.answers or self.unread:
             self.read_answers()
         if self.closing:
             return
@@ -969,8 +1016,8 @@ class LinkCore:
     # -- the ends ---------------------------------------------------------------------------------
     def _end_calls(self, code: int, message: str, answer: bool) -> None:
         """End every open call with `code` (answering the client when `answer`); hooks roll back."""
-        if self.answers:  # the calls the runtime answered just before end as it said (and the
-            self.read_answers()  # client's answers, e.g. after it left, were written to it)
+        if self.answers or self.unread:  # the calls the runtime answered just before end as it
+            self.read_answers()  # said (and the client's answers, e.g. after it left, were written)
         if self.streams:
             self.warnings.append(f"{message} ({len(self.streams)} calls open)")
         if answer:

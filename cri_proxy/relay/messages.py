@@ -56,6 +56,17 @@ class Boundaries:
                 self.need = size
         return 0
 
+    def fits(self, buf: Buf, start: int, end: int, limit: int) -> bool:
+        """Whether `feed` of these bytes surely finds no message over `limit`: they are the rest of
+        the current message, or begin with a prefix declaring at most `limit` and hold no other."""
+        size = end - start
+        if self.need >= size:
+            return True
+        if self.need or self.head or size < PREFIX_LEN:
+            return False
+        declared: int = _PREFIX.unpack_from(buf, start)[1]
+        return declared <= limit and PREFIX_LEN + declared >= size
+
 
 def unpack(body: bytes, encoding: bytes | None, limit: int) -> tuple[bytes, bool]:
     """(message, was compressed) of a stream body that is exactly one message. Raises MessageError."""

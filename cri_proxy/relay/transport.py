@@ -297,7 +297,8 @@ class Link(asyncio.Protocol):
                 else:
                     after.append(event)
         self._write()
-        if core.answers:  # the runtime's answers are written: now read (measured, hooks asked for)
+        if core.answers or core.unread:  # the runtime's answers are written: now read them
+            # (their frames followed, the calls they end measured, hooks asked for)
             core.read_answers()
             after.extend(core.take_events())
             self._write()

@@ -141,18 +141,18 @@ def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the
         server.send_data(sid, b"\0" + len(reply).to_bytes(4, "big") + reply)
         server.send_headers(sid, [("grpc-status", "0")], end_stream=True)
         write = link.client.writelines  # type: ignore[union-attr]
-        unread: list[int] = []  # the answer's header blocks not yet decoded, at the client's write
+        unread: list[bool] = []  # the answer's frames not yet followed, at the client's write
 
         def writelines(chunks: Any) -> None:
-            unread.append(len(link.core.answers))
+            unread.append(link.core.unread is not None and sid in link.core.streams)
             write(chunks)
 
         link.client.writelines = writelines  # type: ignore[union-attr,method-assign]
         link.runtime_data(server.data_to_send())  # what _RuntimeSide.data_received does
-        # the answer is written first (its header blocks read only after), then the post hook has
+        # the answer is written first (its frames followed only after), then the post hook has
         # run, in this very turn
         assert [who for who, _ in log] == ["client", "post"]
-        assert unread == [2] and not link.core.answers  # the response's headers and trailers
+        assert unread == [True] and link.core.unread is None and not link.core.answers
         assert log[1][1] == b"c1"
         assert not link.tasks
 
