@@ -163,7 +163,7 @@ class Policy:
         info = state.ready_info(pod.sandbox_id)
         if info is None or self._text_troubled(pod):
             return None
-        if pod.key in state.api_sourced():  # the plan says where the API's values came from
+        if state.is_api_sourced(pod.key):  # the plan says where the API's values came from
             return None
         decision = decide_added(self._memo, info, container_id)
         return Early(cached[3], state.position, decision) if decision is not None else None
@@ -219,7 +219,7 @@ class Policy:
 
     def _text_troubled(self, pod: PodRecord) -> bool:
         """Whether this sandbox or another of the same pod has labels not readable as text."""
-        return any(key == pod.key for key, _ in self.state.pod_problems())
+        return self.state.key_troubled(pod.key)
 
     def _one(self, pod: PodRecord, container_id: str) -> ContainerDecision | None:
         """`decide_one` when the last plan is not current but may be folded on from, and nothing
@@ -233,7 +233,7 @@ class Policy:
         if self._one_asked[:2] == (generation, container_id):  # the post hook asks what the pre hook did
             return self._one_asked[2]
         record = self.state.container(container_id)
-        if record is None or record.pin is not None or pod.key in self.state.api_sourced():
+        if record is None or record.pin is not None or self.state.is_api_sourced(pod.key):
             return None
         decision = decide_one(self.inputs(), self._memo, container_id)
         self._one_asked = (generation, container_id, decision)

@@ -206,6 +206,13 @@ class NodeState:
                 (p.key, message) for p in found if p is not None and p.ready for message in p.problems
             )
 
+    def key_troubled(self, key: str) -> bool:
+        """Whether a ready sandbox of pod `key` has a problem (`pod_problems`): asked on each
+        CreateContainer's path, where there is usually none to look through."""
+        if not self._troubled:
+            return False
+        return any(k == key for k, _ in self.pod_problems())
+
     def _pod_info(self, p: PodRecord) -> PodInfo:
         labels, annotations = self._effective(p)
         return PodInfo(
@@ -298,6 +305,12 @@ class NodeState:
             if self._sourced[0] != self._pod_gen:  # read again only after pods or API views changed
                 self._sourced = (self._pod_gen, self._api_sourced())
             return dict(self._sourced[1])
+
+    def is_api_sourced(self, key: str) -> bool:
+        """Whether pod `key` is one of `api_sourced`, asked without a copy (on a create's path)."""
+        if not self._api:  # no API view at all: none is
+            return False
+        return key in self.api_sourced()
 
     def _api_sourced(self) -> dict[str, str]:
         out: dict[str, str] = {}
