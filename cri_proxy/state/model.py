@@ -302,15 +302,19 @@ class NodeState:
     def api_sourced(self) -> dict[str, str]:
         """Ready pods (`namespace/name`) whose QoS label or allocation the API view changed: what."""
         with self._lock:
-            if self._sourced[0] != self._pod_gen:  # read again only after pods or API views changed
-                self._sourced = (self._pod_gen, self._api_sourced())
-            return dict(self._sourced[1])
+            return dict(self._sourced_now())
 
     def is_api_sourced(self, key: str) -> bool:
         """Whether pod `key` is one of `api_sourced`, asked without a copy (on a create's path)."""
         if not self._api:  # no API view at all: none is
             return False
-        return key in self.api_sourced()
+        with self._lock:
+            return key in self._sourced_now()
+
+    def _sourced_now(self) -> dict[str, str]:
+        if self._sourced[0] != self._pod_gen:  # read again only after pods or API views changed
+            self._sourced = (self._pod_gen, self._api_sourced())
+        return self._sourced[1]
 
     def _api_sourced(self) -> dict[str, str]:
         out: dict[str, str] = {}
