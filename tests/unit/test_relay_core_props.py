@@ -301,8 +301,9 @@ class Link(RuleBasedStateMachine):
 
     @rule(n=st.integers(0, 255))
     def runtime_pings(self, n: int) -> None:
-        """As grpc-go does on each request it reads: the PING goes to the client (at once, or when
-        no call is open any more), whose ACK comes back; or the core answers it (`ping_wait_ends`)."""
+        """As grpc-go does on each request it reads: the PING goes to the client at once, whose ACK
+        comes back; or, while a slow call is open, the core answers it when none is any more, or
+        when it waited long enough (`ping_wait_ends`)."""
         payload = bytes([n]) * 8
         self.server.ping(payload)
         self.runtime_pinged.append(payload)
@@ -402,7 +403,7 @@ class Link(RuleBasedStateMachine):
     def every_runtime_ping_is_answered(self) -> None:
         """The runtime's PINGs reach the client in their order (some may be answered by the core
         instead), and every one gets its ACK: the client's, or the core's. The core holds PINGs only
-        while a slow call (CreateContainer here) is open; once none is, they go to the client. An ACK
+        while a slow call (CreateContainer here) is open; once none is, it answers them. An ACK
         may wait behind a hooked request whose pre hook runs (the client's frames keep their order)."""
         pinged = iter(self.runtime_pinged)
         assert all(any(p == q for q in pinged) for p in self.client_pinged), "PINGs out of order"
