@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -20,7 +21,7 @@ from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, Problem, ProblemKind, QoS
 from cri_proxy.cpu.decide import ContainerDecision, may_move_pools
 from cri_proxy.enforce.naming import about, about_pod
-from cri_proxy.enforce.policy import Policy
+from cri_proxy.enforce.policy import Early, Policy
 from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.errors import CpuError
@@ -66,6 +67,29 @@ def pending_id(sandbox_id: str, name: str, attempt: int) -> str:
     return f"pending/{sandbox_id}/{name}/{attempt}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A create's pending record, to be."""
+
+    pod: PodRecord
+    id: str
+    name: str
+    attempt: int
+    resources: bytes  # as the request asked, before the cpuset went in
+    api_version: str
+
+    def record(self) -> ContainerRecord:
+        return ContainerRecord(
+            id=self.id,
+            sandbox_id=self.pod.sandbox_id,
+            name=self.name,
+            attempt=self.attempt,
+            state=ContainerState.PENDING,
+            resources=self.resources,
+            api_version=self.api_version,
+        )
+
+
 class EnforceHooks:
     """Registers the hooks on a relay's table; all state changes go through `NodeState`."""
 
@@ -88,10 +112,13 @@ class EnforceHooks:
         # sandboxes first seen in a CreateContainer's sandbox_config, until the runtime confirms them
         self._learned: set[str] = set()
         self._planning: asyncio.Handle | None = None  # the plan to make after this loop turn
+        self._next_creates: set[str] = set()  # pods whose next create's decision the plan reads ahead
         # pending id -> the INFO line about its create, written when the call ends: formatting and
         # writing it while the runtime works would take a CPU the runtime wants (on a small node,
         # ~0.1 ms of each create); at the end it also says what the create became
         self._lines: dict[str, tuple[PodRecord, str, str, tuple[object, ...]]] = {}
+        # pending id -> a create decided early whose request went on before its record went in
+        self._unrecorded: dict[str, tuple[_Pending, Early, str]] = {}
 
     @property
     def fail_policy(self) -> FailPolicy:
@@ -120,18 +147,23 @@ class EnforceHooks:
         table.register("StopPodSandbox", post=self.pod_stopped)
         table.register("RemovePodSandbox", post=self.pod_removed)
 
-    def _plan_soon(self) -> None:
+    def _plan_soon(self, sandbox_id: str | None = None) -> None:
         """After a change to the pods the rules see: make the plan in a later loop turn (the call's
         answer is written by then; the changes of one turn make one plan), so that the next
         CreateContainer reads its decision from it (`Policy.before_create`) instead of deciding
-        on its call's path."""
+        on its call's path; for a create in `sandbox_id` (a pod that may get one next), the
+        decision is read ahead too (`Policy.prepare`)."""
+        if sandbox_id is not None:
+            self._next_creates.add(sandbox_id)
         if self._planning is None:
             self._planning = asyncio.get_running_loop().call_soon(self._make_plan)
 
     def _make_plan(self) -> None:
         self._planning = None
+        pods, self._next_creates = self._next_creates, set()
         try:
             self.policy.plan()
+            self.policy.prepare(pods)
         except Exception as exc:  # no call waits on this one; a create decides as it did before
             logger.opt(exception=exc).error("making the plan after a change failed: {}", exc)
 
@@ -144,7 +176,7 @@ class EnforceHooks:
         # class nor allocation (nor has an API view) moves nothing: it has no containers yet
         if may_move_pools(pod.labels, pod.annotations) or self.state.has_api_view(pod.uid):
             self.reconciler.request()
-        self._plan_soon()
+        self._plan_soon(pod.sandbox_id)  # its containers' creates come next
 
     async def pod_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
         if self.state.stop_pod(request.pod_sandbox_id):  # type: ignore[attr-defined]
@@ -179,17 +211,16 @@ class EnforceHooks:
             log.opt(lazy=True).debug("CreateContainer {}: {}", lambda: who, lambda: dump(req))
         pid = pending_id(pod.sandbox_id, name, attempt)
         early = self.policy.before_create(pod, pid)  # from the plan made since the last change
-        self.state.put_container(
-            ContainerRecord(
-                id=pid,
-                sandbox_id=pod.sandbox_id,
-                name=name,
-                attempt=attempt,
-                state=ContainerState.PENDING,
-                resources=resources_bytes(req.config.linux.resources),
-                api_version=info.version,
-            )
-        )
+        resources = req.config.linux.resources
+        pending = _Pending(pod, pid, name, attempt, resources_bytes(resources), info.version)
+        if early is not None and self._sure(early.decision):
+            # the usual create: what is left to do waits until its request went on (`_record`)
+            cpus = str(early.decision.cpuset)
+            resources.cpuset_cpus = cpus
+            self._unrecorded[pid] = (pending, early, cpus)
+            soon(self._record, pid)
+            return request
+        self.state.put_container(pending.record())
         decision, problems = self.policy.for_container(pod, pid, early)
         # the lines about the decision are written after the request went on (`soon`)
         for problem in problems:
@@ -217,6 +248,25 @@ class EnforceHooks:
                 raise
         return request
 
+    def _sure(self, decision: ContainerDecision) -> bool:
+        """Whether a decision read early (`Policy.before_create`) is all a create needs on its path:
+        a cpuset to set, nothing to vacate first, not a dry run."""
+        return decision.cpuset is not None and decision.qos not in EXCLUSIVE and not self.dry_run
+
+    def _record(self, pid: str) -> None:
+        """What a create decided early leaves until its request went on: its pending record, the
+        line kept about it, the count. Done first by the hooks after its call too (`_said`), so that
+        its answer, however soon it comes, finds them."""
+        waiting = self._unrecorded.pop(pid, None)
+        if waiting is None:
+            return
+        pending, early, cpus = waiting
+        decision = early.decision
+        self.state.put_container(pending.record())
+        self.policy.took_early(early, pid)  # the post hook then asks nothing again
+        self._line(pid, pending.pod, pending.name, "{} -> cpuset {} ({})", decision.qos, cpus, decision.why)
+        self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
+
     def _line(self, pid: str, pod: PodRecord, name: str, message: str, *args: object) -> None:
         """The INFO line about create `pid`, kept until its call ends (`_said`)."""
         lines = self._lines
@@ -228,6 +278,8 @@ class EnforceHooks:
 
     def _said(self, pid: str, outcome: str) -> None:
         """Write the line kept about create `pid`, with what became of it."""
+        if pid in self._unrecorded:
+            self._record(pid)
         kept = self._lines.pop(pid, None)
         if kept is not None:
             pod, name, message, args = kept
@@ -276,7 +328,7 @@ class EnforceHooks:
         )
         self._learned.discard(req.pod_sandbox_id)
         kept = resources_bytes(resources)
-        self._plan_soon()
+        self._plan_soon(req.pod_sandbox_id)  # the pod's next container may come next
         if self.state.rename_container(pid, cid, resources=kept, applied=applied):
             if not settled:
                 self.reconciler.request()
@@ -308,7 +360,7 @@ class EnforceHooks:
                 # forget it, or its exclusive CPUs would stay carved out of the pools
                 self.state.remove_pod(sid)
         self.reconciler.request()  # roll back: pools widen again if this was exclusive
-        self._plan_soon()
+        self._plan_soon(sid)  # the create again, as a kubelet retries
 
     def _refuse_offline(self, container_id: str, requested: str) -> None:
         """A cpuset naming CPUs that are not online is refused, as the runtime would have."""

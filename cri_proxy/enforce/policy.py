@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -59,6 +59,9 @@ class Policy:
         self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
         self._pins: dict[str, CPUSet] = {}  # as of the state's change-log position `_pins_at`
         self._pins_at = -1  # before any position: the first `pins` reads every container
+        # what `before_create` says for the pods `prepare` was asked about, as of (state generation,
+        # facts version, settings): sandbox id -> its answer
+        self._prepared: tuple[int, int, Config | None, dict[str, Early]] = (-1, -1, None, {})
         # the last `decide_one` answer: (state generation, container id, decision)
         self._one_asked: tuple[int, str, ContainerDecision | None] = (-1, "", None)
 
@@ -149,11 +152,36 @@ class Policy:
             cached = self._cached = (generation, facts, settings, plan)
         return cached[3]
 
+    def prepare(self, sandbox_ids: Iterable[str]) -> None:
+        """Read ahead, between calls, what `before_create` says for a create in each of these pods
+        (those whose calls just changed the node): while nothing changes, a create's path only
+        looks it up. Not when container ids matter (`ids_matter`): then the answer is the
+        container's own."""
+        state = self.state
+        ready: dict[str, Early] = {}
+        if not self.ids_matter():
+            for sandbox_id in sandbox_ids:
+                pod = state.pod(sandbox_id)
+                early = self._before_create(pod, "") if pod is not None else None
+                if early is not None:
+                    ready[sandbox_id] = early
+        self._prepared = (state.generation, self._facts_version, self.settings(), ready)
+
     def before_create(self, pod: PodRecord, container_id: str) -> Early | None:
         """What the plan will decide for container `container_id` about to be added to `pod`
         (before its pending record goes in), read from the last plan when its rules saw the very
         pods there are now (`decide_added`): nothing is decided on the call's path. The hooks make
-        the plan between calls for this. None when not sure: `for_container` then decides."""
+        the plan between calls for this, and read it ahead (`prepare`). None when not sure:
+        `for_container` then decides."""
+        generation, facts, settings, ready = self._prepared
+        same = generation == self.state.generation and facts == self._facts_version
+        if same and settings is self.settings():
+            early = ready.get(pod.sandbox_id)  # nothing changed since it was read ahead
+            if early is not None:
+                return early
+        return self._before_create(pod, container_id)
+
+    def _before_create(self, pod: PodRecord, container_id: str) -> Early | None:
         cached = self._cached
         state = self.state
         if cached is None or not self._same_facts(cached):
@@ -175,14 +203,22 @@ class Policy:
         making the plan when the pods changed since the last one only in ways that cannot change
         the pools: `early` (from `before_create`) when the container's pending record is the only
         change since, else `decide_one`: a CreateContainer then costs its pod, not the node."""
-        if early is not None and self._early_holds(early, container_id):
-            self._one_asked = (self.state.generation, container_id, early.decision)  # for the post hook
+        if early is not None and self.took_early(early, container_id):
             return early.decision, []
         fast = self._one(pod, container_id)
         if fast is not None:
             return fast, []  # sure only for a pod with no problem
         plan = self.plan()
         return plan.containers.get(container_id), [p for p in plan.problems if p.pod == pod.key]
+
+    def took_early(self, early: Early, container_id: str) -> bool:
+        """Whether `early` still holds now that the container's pending record went in (`_early_holds`);
+        then the post hook's question about the container (`as_decided`) gets its answer without
+        deciding again."""
+        if not self._early_holds(early, container_id):
+            return False
+        self._one_asked = (self.state.generation, container_id, early.decision)
+        return True
 
     def _early_holds(self, early: Early, container_id: str) -> bool:
         """Whether `early` still says what the plan would: the same plan, facts and settings, and

@@ -392,6 +392,7 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
                 config_c = v1.ContainerConfig(metadata=meta)
                 request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config_c)
                 requests[name] = await hooks.create_container(request, create)
+                await asyncio.sleep(0)  # the loop turns between calls (a create's record may wait for it)
             assert lines == [
                 "d/p a: BE -> cpuset 0-15 (BE share pool); no answer yet",  # pushed out by c
                 "d/p c: BE -> cpuset 0-15 (BE share pool); no answer yet",  # the same create again
@@ -404,6 +405,58 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
                 "d/p b: BE -> cpuset 0-15 (BE share pool); created ctr-b",
                 "d/p c: BE -> cpuset 0-15 (BE share pool); not created: DEADLINE_EXCEEDED",
             ]  # a's line was written already: not twice
+
+    try:
+        run(main())
+    finally:
+        logger.remove(sink)
+
+
+def test_a_create_answered_before_its_record_went_in_loses_nothing(tmp_path: Path) -> None:
+    """A create decided early (`Policy.before_create`) goes on before its pending record and line
+    go in (they follow in the next loop turn); an answer or a failure that comes sooner, in the
+    same turn, finds them all the same: the container is kept, a failed create leaves nothing."""
+    from loguru import logger
+
+    from cri_proxy.enforce.hooks import pending_id
+    from cri_proxy.relay.methods import KNOWN
+
+    create = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(m.record["message"]), level="INFO", format="{message}")
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            hooks, state = n.proxy.hooks, n.proxy.state
+            config = v1.PodSandboxConfig(
+                metadata=v1.PodSandboxMetadata(name="p", uid="uid-p", namespace="d"),
+                linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/poduid-p"),
+            )
+            run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
+            response = v1.RunPodSandboxResponse(pod_sandbox_id="s")
+            await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
+            await asyncio.sleep(0)  # the plan after the change, the next create read ahead
+            lines.clear()
+            for name, ends in (("a", "created"), ("b", "failed")):
+                request = v1.CreateContainerRequest(
+                    pod_sandbox_id="s", config=v1.ContainerConfig(metadata=v1.ContainerMetadata(name=name))
+                )
+                sent = await hooks.create_container(request, create)
+                assert sent.config.linux.resources.cpuset_cpus == "0-15"  # type: ignore[attr-defined]
+                assert state.container(pending_id("s", name, 0)) is None  # decided early: not in yet
+                if ends == "created":
+                    answer = v1.CreateContainerResponse(container_id="ctr-a")
+                    await hooks.container_created(sent, answer, create)
+                else:
+                    await hooks.create_failed(sent, grpc.StatusCode.UNAVAILABLE, create)
+                await asyncio.sleep(0)  # the turn after: the record's own callback finds it done
+                await asyncio.sleep(0)
+            assert [c.id for c in state.containers()] == ["ctr-a"]
+            assert lines == [
+                "d/p a: BE -> cpuset 0-15 (BE share pool); created ctr-a",
+                "d/p b: BE -> cpuset 0-15 (BE share pool); not created: UNAVAILABLE",
+            ]
+            assert hooks.injected == {"BE": 2}
 
     try:
         run(main())

@@ -146,6 +146,16 @@ class OneContainer(RuleBasedStateMachine):
         """A plan made in between (a reconcile pass, ctl): what `decide_one` folds on from."""
         self.policy.plan()
 
+    @rule(data=st.data())
+    def plan_and_prepare(self, data: st.DataObject) -> None:
+        """As the hooks after a call: the plan, and a create's decision read ahead for some pods
+        (`prepare`), which `before_create` then answers with while nothing changed."""
+        self.plan_and_prepare_now(data.draw(st.lists(st.sampled_from([*self.pods, "gone"]), max_size=3)))
+
+    def plan_and_prepare_now(self, sandbox_ids: list[str]) -> None:
+        self.policy.plan()
+        self.policy.prepare(sandbox_ids)
+
     @precondition(lambda self: self.state.containers())
     @rule(data=st.data())
     def ask_any(self, data: st.DataObject) -> None:
@@ -265,3 +275,30 @@ def test_a_change_between_the_read_and_the_question_is_not_missed() -> None:
         decision, _ = m.policy.for_container(pod, c.id, early)
         assert decision is not None and decision.cpuset == CPUSet.parse("0-1,4-7")
         m.check(c)
+
+
+def test_a_create_read_ahead_holds_only_while_nothing_changed() -> None:
+    """`prepare` reads a create's decision ahead; `before_create` answers with it while the state,
+    the facts and the settings are what they were then, and reads again after any change: a pod
+    that carves the pools, a reload, a changed fact."""
+    for between in ("pod", "reload", "facts", "nothing"):
+        m = OneContainer()
+        m.new_pod("plain", CGROUPS[1])
+        sid = m.pods[-1]
+        pod = m.state.pod(sid)
+        assert pod is not None
+        m.plan_and_prepare_now([sid])
+        ahead = m.policy.before_create(pod, "pending/x")
+        assert ahead is not None and ahead.decision.cpuset == CPUSet.parse("0-7")
+        if between == "pod":
+            m.new_pod("LSE", CGROUPS[1])
+        elif between == "reload":
+            m.reload("2-3")
+        elif between == "facts":
+            m.policy.facts_changed()
+        now = m.policy.before_create(pod, "pending/y")
+        if between == "nothing":
+            assert now is ahead  # looked up, not read again
+        else:
+            assert now is not ahead
+        m.hooked_create_in(sid, "y")  # what the create decides is the whole plan's
