@@ -39,7 +39,7 @@ from cri_proxy.enforce.observe import cgroup_first, runtime_observer, status_rea
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler, channel_sender
 from cri_proxy.enforce.sync import Syncer
-from cri_proxy.logs import setup_logging
+from cri_proxy.logs import setup_logging, write_put_off
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
 from cri_proxy.settings import Settings
@@ -191,6 +191,7 @@ class Proxy:
         if self.lock.held:
             await self.checkpoints.save()
         self.lock.release()
+        write_put_off()  # the lines about the last calls
 
     # -- recovery -----------------------------------------------------------------------------
     async def _recover_once(self) -> None:

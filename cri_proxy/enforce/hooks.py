@@ -25,7 +25,7 @@ from cri_proxy.enforce.policy import Early, Policy
 from cri_proxy.enforce.reconciler import Reconciler
 from cri_proxy.enforce.recovery import canonical_cpuset
 from cri_proxy.errors import CpuError
-from cri_proxy.logs import debug_enabled, soon
+from cri_proxy.logs import debug_enabled, put_off, soon
 from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookError, HookTable
@@ -57,7 +57,8 @@ def pod_record(sandbox_id: str, config: Any, api_version: str) -> PodRecord:
 
 def _say(pod: PodRecord, container: str, level: str, message: str, *args: object) -> None:
     """A line about a container of `pod`, bound to them (`about_pod`): a create's lines are put off
-    until its request went on (`soon`) or its answer came (`EnforceHooks._said`), the binding too."""
+    until its request went on or its answer came (`EnforceHooks._said`), then a moment more
+    (`put_off`), the binding too."""
     log, who = about_pod(pod, container)
     log.log(level, "{}: " + message, who, *args)
 
@@ -222,9 +223,9 @@ class EnforceHooks:
             return request
         self.state.put_container(pending.record())
         decision, problems = self.policy.for_container(pod, pid, early)
-        # the lines about the decision are written after the request went on (`soon`)
+        # the lines about the decision are written after the request went on (`put_off`)
         for problem in problems:
-            soon(_say, pod, name, "WARNING", "{}: {}", problem.kind, problem.message)
+            put_off(_say, pod, name, "WARNING", "{}: {}", problem.kind, problem.message)
         self._refuse_bad_annotation(pod, problems, pid)
         if decision is None or decision.cpuset is None:
             why = decision.why if decision is not None else "not managed"
@@ -283,7 +284,7 @@ class EnforceHooks:
         kept = self._lines.pop(pid, None)
         if kept is not None:
             pod, name, message, args = kept
-            _say(pod, name, "INFO", message + "{}", *args, outcome)
+            put_off(_say, pod, name, "INFO", message + "{}", *args, outcome)
 
     def _refuse_bad_annotation(self, pod: PodRecord, problems: list[Problem], pid: str) -> None:
         """The pod's `problems` name an annotation that does not parse: refused under fail policy."""

@@ -301,8 +301,10 @@ def test_a_cancelled_create_container_leaves_nothing_pending(tmp_path: Path, mod
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await rt.CreateContainer(create, timeout=0.3)
                 assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                for _ in range(100):
-                    if not [c for c in n.proxy.state.containers() if c.id.startswith("pending/")]:
+                head = "default/lsr main: LSR -> cpuset 0-1 (allocation cpuset); "
+                for _ in range(100):  # the line comes a moment after the call ended (`put_off`)
+                    pending = [c for c in n.proxy.state.containers() if c.id.startswith("pending/")]
+                    if not pending and any(line.startswith(head) for line in lines):
                         break
                     await asyncio.sleep(0.05)
                 assert not [c.id for c in n.proxy.state.containers() if c.id.startswith("pending/")]
@@ -314,7 +316,6 @@ def test_a_cancelled_create_container_leaves_nothing_pending(tmp_path: Path, mod
                     if where == "waiting-for-exclusivity"
                     else ["not created: CANCELLED", "not created: DEADLINE_EXCEEDED"]
                 )
-                head = "default/lsr main: LSR -> cpuset 0-1 (allocation cpuset); "
                 assert len(about) == 1 and about[0].removeprefix(head) in ended, about
         finally:
             await fake.stop(0)
@@ -368,6 +369,7 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
     from loguru import logger
 
     from cri_proxy.enforce import hooks as hooks_module
+    from cri_proxy.logs import write_put_off
     from cri_proxy.relay.methods import KNOWN
 
     monkeypatch.setattr(hooks_module, "LINES_WAITING", 2)
@@ -393,6 +395,7 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
                 request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config_c)
                 requests[name] = await hooks.create_container(request, create)
                 await asyncio.sleep(0)  # the loop turns between calls (a create's record may wait for it)
+            write_put_off()  # the lines put off, now
             assert lines == [
                 "d/p a: BE -> cpuset 0-15 (BE share pool); no answer yet",  # pushed out by c
                 "d/p c: BE -> cpuset 0-15 (BE share pool); no answer yet",  # the same create again
@@ -401,6 +404,7 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
             await hooks.container_created(requests["b"], made(container_id="ctr-b"), create)
             await hooks.create_failed(requests["c"], grpc.StatusCode.DEADLINE_EXCEEDED, create)
             await hooks.container_created(requests["a"], made(container_id="ctr-a"), create)
+            write_put_off()
             assert lines[2:] == [
                 "d/p b: BE -> cpuset 0-15 (BE share pool); created ctr-b",
                 "d/p c: BE -> cpuset 0-15 (BE share pool); not created: DEADLINE_EXCEEDED",
@@ -419,6 +423,7 @@ def test_a_create_answered_before_its_record_went_in_loses_nothing(tmp_path: Pat
     from loguru import logger
 
     from cri_proxy.enforce.hooks import pending_id
+    from cri_proxy.logs import write_put_off
     from cri_proxy.relay.methods import KNOWN
 
     create = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
@@ -452,6 +457,7 @@ def test_a_create_answered_before_its_record_went_in_loses_nothing(tmp_path: Pat
                 await asyncio.sleep(0)  # the turn after: the record's own callback finds it done
                 await asyncio.sleep(0)
             assert [c.id for c in state.containers()] == ["ctr-a"]
+            write_put_off()
             assert lines == [
                 "d/p a: BE -> cpuset 0-15 (BE share pool); created ctr-a",
                 "d/p b: BE -> cpuset 0-15 (BE share pool); not created: UNAVAILABLE",

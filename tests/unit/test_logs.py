@@ -3,12 +3,15 @@ create's debug line is not even put together on its call's path otherwise)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 from loguru import logger
 
+from cri_proxy import logs
 from cri_proxy.logs import debug_enabled, setup_logging
 
 
@@ -26,3 +29,52 @@ def restored() -> Iterator[None]:
 def test_debug_lines_are_wanted_only_at_debug_or_below(restored: None, level: str, wanted: bool) -> None:
     setup_logging(level)
     assert debug_enabled() is wanted
+
+
+def test_lines_put_off_come_in_order_within_their_wait_and_none_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`put_off`: lines are written together, in the order they were put off, once LINES_WAIT has
+    passed since the first (not per line: a steady stream still gets written); at LINES_PUT_OFF
+    waiting they go at once; one that cannot be written does not keep the others back;
+    `write_put_off` writes them now; with no running loop, at once."""
+    monkeypatch.setattr(logs, "LINES_PUT_OFF", 4)
+    written: list[tuple[str, float]] = []
+    errors: list[str] = []
+    sink = logger.add(lambda m: errors.append(m.record["message"]), level="ERROR", format="{message}")
+
+    def emit(text: str) -> None:
+        if text == "bad":
+            raise ValueError("no way")
+        written.append((text, time.monotonic()))
+
+    async def main() -> None:
+        first = time.monotonic()
+        logs.put_off(emit, "a")
+        for text in ("b", "bad"):
+            await asyncio.sleep(logs.LINES_WAIT / 4)
+            logs.put_off(emit, text)
+        assert written == []  # none yet: they wait together
+        for _ in range(100):
+            if written:
+                break
+            await asyncio.sleep(logs.LINES_WAIT / 4)
+        assert [t for t, _ in written] == ["a", "b"]
+        assert first + logs.LINES_WAIT <= written[0][1] < first + 1.0  # the wait runs from the first
+        assert errors == ["a log line could not be written: no way"]
+        written.clear()
+        for text in ("c", "d", "e", "f"):  # LINES_PUT_OFF: written at once
+            logs.put_off(emit, text)
+        assert [t for t, _ in written] == ["c", "d", "e", "f"]
+        logs.put_off(emit, "g")
+        logs.write_put_off()
+        assert [t for t, _ in written][-1] == "g"
+        await asyncio.sleep(logs.LINES_WAIT * 2)  # the timer was stopped: nothing twice
+        assert [t for t, _ in written] == ["c", "d", "e", "f", "g"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        logger.remove(sink)
+    logs.put_off(emit, "h")  # no running loop
+    assert written[-1][0] == "h"
