@@ -54,17 +54,18 @@ LINES_PUT_OFF = 256
 class _PutOff:
     """One event loop's lines put off, in order, and the timer that writes them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self) -> None:  # not the loop itself: the loop is the key it is kept under (weakly)
         self.lines: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         self.timer: asyncio.TimerHandle | None = None
 
-    def add(self, emit: Callable[..., object], args: tuple[object, ...]) -> None:
+    def add(
+        self, loop: asyncio.AbstractEventLoop, emit: Callable[..., object], args: tuple[object, ...]
+    ) -> None:
         self.lines.append((emit, args))
         if len(self.lines) >= LINES_PUT_OFF:
             self.write()
         elif self.timer is None:
-            self.timer = self.loop.call_later(LINES_WAIT, self.write)
+            self.timer = loop.call_later(LINES_WAIT, self.write)
 
     def write(self) -> None:
         if self.timer is not None:
@@ -92,8 +93,8 @@ def put_off(emit: Callable[..., object], *args: object) -> None:
         return
     waiting = _put_off.get(loop)
     if waiting is None:
-        waiting = _put_off[loop] = _PutOff(loop)
-    waiting.add(emit, args)
+        waiting = _put_off[loop] = _PutOff()
+    waiting.add(loop, emit, args)
 
 
 def write_put_off() -> None:

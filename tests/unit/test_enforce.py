@@ -12,6 +12,7 @@ import grpc.aio
 import pytest
 
 from cri_api.v1 import api_pb2 as v1
+from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.fake_runtime.server import FakeOptions, FakeRuntime
 from tests.unit.enforce_support import QOS_LABEL, alloc, node
 from tests.unit.relay_support import run
@@ -360,6 +361,19 @@ def test_an_update_naming_a_container_made_behind_the_proxys_back_gets_its_decis
     run(main())
 
 
+async def pod_d_p(hooks: EnforceHooks) -> None:
+    """Pod d/p (sandbox "s", BestEffort) as its RunPodSandbox's post hook records it."""
+    from cri_proxy.relay.methods import KNOWN
+
+    config = v1.PodSandboxConfig(
+        metadata=v1.PodSandboxMetadata(name="p", uid="uid-p", namespace="d"),
+        linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/poduid-p"),
+    )
+    run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
+    response = v1.RunPodSandboxResponse(pod_sandbox_id="s")
+    await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
+
+
 def test_the_line_about_each_create_is_written_once_when_its_call_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -380,13 +394,7 @@ def test_the_line_about_each_create_is_written_once_when_its_call_ends(
     async def main() -> None:
         async with node(tmp_path) as n:
             hooks = n.proxy.hooks
-            config = v1.PodSandboxConfig(
-                metadata=v1.PodSandboxMetadata(name="p", uid="uid-p", namespace="d"),
-                linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/poduid-p"),
-            )
-            run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
-            response = v1.RunPodSandboxResponse(pod_sandbox_id="s")
-            await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
+            await pod_d_p(hooks)
             requests = {}
             lines.clear()
             for name in ("a", "b", "c", "c"):
@@ -433,13 +441,7 @@ def test_a_create_answered_before_its_record_went_in_loses_nothing(tmp_path: Pat
     async def main() -> None:
         async with node(tmp_path) as n:
             hooks, state = n.proxy.hooks, n.proxy.state
-            config = v1.PodSandboxConfig(
-                metadata=v1.PodSandboxMetadata(name="p", uid="uid-p", namespace="d"),
-                linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/poduid-p"),
-            )
-            run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
-            response = v1.RunPodSandboxResponse(pod_sandbox_id="s")
-            await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
+            await pod_d_p(hooks)
             await asyncio.sleep(0)  # the plan after the change, the next create read ahead
             lines.clear()
             for name, ends in (("a", "created"), ("b", "failed")):
