@@ -911,11 +911,15 @@ class LinkCore:
         increment = wire.window_increment(buf[at + wire.HEADER_LEN : end])
         if sid != 0:
             st = self.streams.get(sid)
-            if st is not None and st.hook is not None:
-                st.hook.window += increment
-                if st.hook.sending:
-                    self._pump(st)
-            return True
+            if st is None or st.hook is None:
+                return True
+            # a hooked request's stream: the runtime credits the DATA we sent, the client has had
+            # its own credit for what it sent from us (`_hold`); passed on, it would have it twice
+            st.hook.window += increment
+            if st.hook.sending:
+                self._pump(st)
+            self._span(buf, start, at)
+            return False
         passed = self.win.credited(increment, self.out_r)
         if passed == increment:
             return True
