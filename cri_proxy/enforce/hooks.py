@@ -279,8 +279,7 @@ class EnforceHooks:
 
     def _said(self, pid: str, outcome: str) -> None:
         """Write the line kept about create `pid`, with what became of it."""
-        if pid in self._unrecorded:
-            self._record(pid)
+        self._record(pid)  # a create decided early: its record and kept line first, if still waiting
         kept = self._lines.pop(pid, None)
         if kept is not None:
             pod, name, message, args = kept

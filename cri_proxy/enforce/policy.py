@@ -173,10 +173,9 @@ class Policy:
         pods there are now (`decide_added`): nothing is decided on the call's path. The hooks make
         the plan between calls for this, and read it ahead (`prepare`). None when not sure:
         `for_container` then decides."""
-        generation, facts, settings, ready = self._prepared
-        same = generation == self.state.generation and facts == self._facts_version
-        if same and settings is self.settings():
-            early = ready.get(pod.sandbox_id)  # nothing changed since it was read ahead
+        prepared = self._prepared
+        if prepared[0] == self.state.generation and self._same_facts(prepared):
+            early = prepared[3].get(pod.sandbox_id)  # nothing changed since it was read ahead
             if early is not None:
                 return early
         return self._before_create(pod, container_id)
@@ -249,8 +248,9 @@ class Policy:
             decision = plan.containers.get(container_id)
         return decision is not None and (decision.cpuset is None or str(decision.cpuset) == applied)
 
-    def _same_facts(self, cached: tuple[int, int, Config, Plan]) -> bool:
-        """Whether the cached plan was made with the facts and settings there are now."""
+    def _same_facts(self, cached: tuple[int, int, Config | None, object]) -> bool:
+        """Whether the cached plan (or what was read ahead, `_prepared`) was made with the facts and
+        settings there are now."""
         return cached[1] == self._facts_version and cached[2] is self.settings()
 
     def _text_troubled(self, pod: PodRecord) -> bool:
