@@ -30,12 +30,23 @@ from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.hooks import HookError, HookTable
 from cri_proxy.relay.methods import MethodInfo
-from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord, resources_bytes
+from cri_proxy.state.model import (
+    LIVE_STATES,
+    ContainerRecord,
+    ContainerState,
+    NodeState,
+    PodRecord,
+    resources_bytes,
+)
 from cri_proxy.state.resources import merge_linux_resources
 
 EXCLUSIVE = frozenset({QoS.LSE, QoS.LSR})
 LEARN_WAIT = 2.0
 """Seconds an update naming an unknown container waits for the runtime's listing, at most."""
+PLAN_LATER = 0.1
+"""Seconds the plan after a create waits when what was read ahead for the next create still holds
+(`Policy.renamed`): a pod's creates in a row make one plan in that time, not one each; a plan
+after a create is ~0.2 ms of a CPU the runtime and the kubelet's next call want."""
 LINES_WAITING = 1024
 """Creates in flight whose line waits for their answer, at most; past it the oldest is written."""
 
@@ -113,6 +124,7 @@ class EnforceHooks:
         # sandboxes first seen in a CreateContainer's sandbox_config, until the runtime confirms them
         self._learned: set[str] = set()
         self._planning: asyncio.Handle | None = None  # the plan to make after this loop turn
+        self._planning_now = False  # that plan is due in the next turn, not after PLAN_LATER
         self._next_creates: set[str] = set()  # pods whose next create's decision the plan reads ahead
         # pending id -> the INFO line about its create, written when the call ends: formatting and
         # writing it while the runtime works would take a CPU the runtime wants (on a small node,
@@ -148,16 +160,22 @@ class EnforceHooks:
         table.register("StopPodSandbox", post=self.pod_stopped)
         table.register("RemovePodSandbox", post=self.pod_removed)
 
-    def _plan_soon(self, sandbox_id: str | None = None) -> None:
+    def _plan_soon(self, sandbox_id: str | None = None, wait: float = 0.0) -> None:
         """After a change to the pods the rules see: make the plan in a later loop turn (the call's
         answer is written by then; the changes of one turn make one plan), so that the next
         CreateContainer reads its decision from it (`Policy.before_create`) instead of deciding
         on its call's path; for a create in `sandbox_id` (a pod that may get one next), the
-        decision is read ahead too (`Policy.prepare`)."""
+        decision is read ahead too (`Policy.prepare`). `wait`: not before that many seconds (a
+        plan due sooner stays so)."""
         if sandbox_id is not None:
             self._next_creates.add(sandbox_id)
-        if self._planning is None:
-            self._planning = asyncio.get_running_loop().call_soon(self._make_plan)
+        if self._planning is not None:
+            if wait or self._planning_now:
+                return
+            self._planning.cancel()
+        loop = asyncio.get_running_loop()
+        self._planning_now = not wait
+        self._planning = loop.call_later(wait, self._make_plan) if wait else loop.call_soon(self._make_plan)
 
     def _make_plan(self) -> None:
         self._planning = None
@@ -328,11 +346,14 @@ class EnforceHooks:
         )
         self._learned.discard(req.pod_sandbox_id)
         kept = resources_bytes(resources)
-        self._plan_soon(req.pod_sandbox_id)  # the pod's next container may come next
         if self.state.rename_container(pid, cid, resources=kept, applied=applied):
+            # the pod's next container may come next: when what was read ahead for it still holds,
+            # the plan waits (a create right behind, often in a burst, needs none)
+            self._plan_soon(req.pod_sandbox_id, PLAN_LATER if self.policy.renamed(pid, cid) else 0.0)
             if not settled:
                 self.reconciler.request()
             return
+        self._plan_soon(req.pod_sandbox_id)
         if self.state.container(cid) is None and self.state.pod(req.pod_sandbox_id):
             # the pending record went meanwhile (a merge resolved or dropped it): never lose the container
             self.state.put_container(
@@ -435,7 +456,13 @@ class EnforceHooks:
 
     async def container_started(self, request: Message, response: Message, info: MethodInfo) -> None:
         cid = request.container_id  # type: ignore[attr-defined]
-        if self.state.update_container(cid, state=ContainerState.RUNNING) is not None and not self.dry_run:
+        was = self.state.container(cid)
+        before = self.state.rules_generation
+        if self.state.update_container(cid, state=ContainerState.RUNNING) is None:
+            return
+        if was is not None and was.state in LIVE_STATES:  # its pod's containers the rules see are the same
+            self.policy.moved_nothing(before, cid)  # a kubelet's next create in the pod reads ahead still
+        if not self.dry_run:
             self.reconciler.verify_started(cid)
 
     async def container_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:

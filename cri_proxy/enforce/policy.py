@@ -24,6 +24,10 @@ def _cpus(text: str) -> CPUSet:
     return CPUSet.parse(text)
 
 
+TAKEN_KEPT = 1024
+"""Pending containers given a decision read ahead that are remembered at most (`Policy.renamed`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Early:
     """A create's decision, read from the last plan before its pending record went in."""
@@ -59,9 +63,10 @@ class Policy:
         self._was_plain = False  # the last plan was the rules' own (no pin, no API explanation)
         self._pins: dict[str, CPUSet] = {}  # as of the state's change-log position `_pins_at`
         self._pins_at = -1  # before any position: the first `pins` reads every container
-        # what `before_create` says for the pods `prepare` was asked about, as of (state generation,
+        # what `before_create` says for the pods `prepare` was asked about, as of (rules generation,
         # facts version, settings): sandbox id -> its answer
         self._prepared: tuple[int, int, Config | None, dict[str, Early]] = (-1, -1, None, {})
+        self._taken: set[str] = set()  # pending containers given a decision read ahead (`renamed`)
         # the last `decide_one` answer: (state generation, container id, decision)
         self._one_asked: tuple[int, str, ContainerDecision | None] = (-1, "", None)
 
@@ -165,7 +170,42 @@ class Policy:
                 early = self._before_create(pod, "") if pod is not None else None
                 if early is not None:
                     ready[sandbox_id] = early
-        self._prepared = (state.generation, self._facts_version, self.settings(), ready)
+        self._prepared = (state.rules_generation, self._facts_version, self.settings(), ready)
+
+    def renamed(self, old_id: str, new_id: str) -> bool:
+        """A pending container that took a decision read ahead (`prepare`) got its runtime id, and
+        nothing else changed since the read but its two changes (it went in, it was renamed): what
+        was read ahead still holds (the container took its pod's one rule and moved no pool,
+        `decide_added`; a rename changes no decision when ids do not matter), so the next create
+        reads it without a plan in between. True when it holds."""
+        taken = old_id in self._taken
+        self._taken.discard(old_id)
+        return taken and self._carry(2, {old_id, new_id})
+
+    def moved_nothing(self, before: int, container_id: str) -> bool:
+        """The state changed from rules generation `before` by one change to `container_id` that the
+        caller knows moves no decision (a container started: live before and after, its pod's
+        containers the same): what was read ahead as of `before` still holds. True when it does."""
+        return self._prepared[0] == before and self._carry(1, {container_id})
+
+    def _carry(self, count: int, ids: set[str]) -> bool:
+        """What was read ahead, carried over the last `count` changes of the state, which were to
+        `ids` (and the caller's to vouch for): when nothing else changed since the read, neither
+        the facts, the settings nor the plan it was read from."""
+        generation, facts, settings, ready = self._prepared
+        if not ready or self.state.rules_generation != generation + count:
+            return False
+        some = next(iter(ready.values()))
+        cached = self._cached
+        if not self._same_facts(self._prepared) or cached is None or cached[3] is not some.plan:
+            return False
+        changed, now = self.state.changes(some.at)
+        if changed != ids:
+            return False
+        carried = {sid: Early(e.plan, now, e.decision) for sid, e in ready.items()}
+        self._prepared = (self.state.rules_generation, facts, settings, carried)
+        self._taken = set()
+        return True
 
     def before_create(self, pod: PodRecord, container_id: str) -> Early | None:
         """What the plan will decide for container `container_id` about to be added to `pod`
@@ -174,7 +214,7 @@ class Policy:
         the plan between calls for this, and read it ahead (`prepare`). None when not sure:
         `for_container` then decides."""
         prepared = self._prepared
-        if prepared[0] == self.state.generation and self._same_facts(prepared):
+        if prepared[0] == self.state.rules_generation and self._same_facts(prepared):
             early = prepared[3].get(pod.sandbox_id)  # nothing changed since it was read ahead
             if early is not None:
                 return early
@@ -217,6 +257,10 @@ class Policy:
         if not self._early_holds(early, container_id):
             return False
         self._one_asked = (self.state.generation, container_id, early.decision)
+        if any(early is e for e in self._prepared[3].values()):
+            if len(self._taken) >= TAKEN_KEPT:  # creates that never ended: forget them (none carries)
+                self._taken.clear()
+            self._taken.add(container_id)
         return True
 
     def _early_holds(self, early: Early, container_id: str) -> bool:

@@ -93,6 +93,7 @@ class NodeState:
         self._pods: dict[str, PodRecord] = {}
         self._containers: dict[str, ContainerRecord] = {}
         self.generation = 0
+        self._readings = 0  # of the generation's changes, the readings (`observe_container`)
         self._api: dict[str, ApiView] = {}  # pod uid -> what the Kubernetes API says
         self._api_seq = 0  # bumped when an API view's values change
         self._born: dict[str, int] = {}  # sandbox id -> `_api_seq` when the proxy saw it created
@@ -388,6 +389,12 @@ class NodeState:
             self._log_gap = self._log_start + len(self._log)
 
     @property
+    def rules_generation(self) -> int:
+        """The generation less the readings of what containers really have (`observe_container`):
+        a reading moves no decision, so what was decided ahead holds while this stays."""
+        return self.generation - self._readings
+
+    @property
     def position(self) -> int:
         """Where the change log is now: `changes(position)` later names what changed since."""
         with self._lock:
@@ -531,6 +538,7 @@ class NodeState:
                 self._by_pod[c.sandbox_id][container_id] = new
             if (c.actual_cpuset, c.actual_source) != (actual_cpuset, source):
                 self.generation += 1  # the same reading again changes no decision nor problem
+                self._readings += 1
             return new
 
     def remove_container(self, container_id: str) -> ContainerRecord | None:

@@ -470,3 +470,72 @@ def test_a_create_answered_before_its_record_went_in_loses_nothing(tmp_path: Pat
         run(main())
     finally:
         logger.remove(sink)
+
+
+def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod's containers as a kubelet makes them (create, start, create, ...), right after one
+    another: each create reads the decision read ahead, carried over the previous create
+    (`Policy.renamed`) and start (`Policy.moved_nothing`), with no plan in between; one plan comes
+    PLAN_LATER after. A change that may move a decision in between (a new pod): the next create
+    decides on its path, and rightly."""
+    from cri_proxy.enforce import hooks as hooks_module
+    from cri_proxy.enforce.policy import Policy
+    from cri_proxy.relay.methods import KNOWN
+    from tests.unit.test_create_early import reads
+
+    monkeypatch.setattr(hooks_module, "PLAN_LATER", 0.05)
+    create = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
+    start = KNOWN["/runtime.v1.RuntimeService/StartContainer"]
+    run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            hooks, policy = n.proxy.hooks, n.proxy.policy
+            await pod_d_p(hooks)
+            await asyncio.sleep(0)  # the plan after the new pod, its next create read ahead
+            read = reads(policy)
+            plans = 0
+            plan = policy.plan
+
+            def counted() -> object:
+                nonlocal plans
+                plans += 1
+                return plan()
+
+            policy.plan = counted  # type: ignore[assignment,method-assign]
+
+            async def one(name: str) -> str:
+                config = v1.ContainerConfig(metadata=v1.ContainerMetadata(name=name))
+                request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config)
+                sent = await hooks.create_container(request, create)
+                await asyncio.sleep(0)
+                answer = v1.CreateContainerResponse(container_id=f"ctr-{name}")
+                await hooks.container_created(sent, answer, create)
+                await hooks.container_started(
+                    v1.StartContainerRequest(container_id=f"ctr-{name}"), v1.StartContainerResponse(), start
+                )
+                await asyncio.sleep(0)
+                return sent.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined,no-any-return]
+
+            for name in ("a", "b", "c"):
+                assert await one(name) == "0-15"
+            assert len(read) == 3 and all(e is not None for e in read) and plans == 0
+            for _ in range(100):  # the plan after them comes after its wait
+                if plans:
+                    break
+                await asyncio.sleep(0.01)
+            assert plans >= 1
+            # another pod comes (it may move the pools): a create right behind decides on its path
+            other = v1.PodSandboxConfig(metadata=v1.PodSandboxMetadata(name="o", uid="uid-o", namespace="d"))
+            await hooks.run_pod_sandbox(
+                v1.RunPodSandboxRequest(config=other), v1.RunPodSandboxResponse(pod_sandbox_id="o"), run_pod
+            )
+            assert await one("d") == "0-15"
+            assert read[-1] is None
+            fresh = Policy(policy.state, policy.topology, policy.settings).plan()
+            assert str(fresh.containers["ctr-d"].cpuset) == "0-15"
+            await n.settle()
+
+    run(main())

@@ -98,6 +98,51 @@ class OneContainer(RuleBasedStateMachine):
         self.n += 1
         self.state.rename_container(c.id, f"ctr{self.n}")
 
+    @precondition(lambda self: any(c.id.startswith("pending/") for c in self.state.containers()))
+    @rule()
+    def created_newest(self) -> None:
+        """As the post hook: the newest pending container gets its runtime id, and what was read
+        ahead is carried over when that rename is the only change since (`Policy.renamed`)."""
+        c = [c for c in self.state.containers() if c.id.startswith("pending/")][-1]
+        self.n += 1
+        self.state.rename_container(c.id, f"ctr{self.n}")
+        self.policy.renamed(c.id, f"ctr{self.n}")
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data(), newest=st.booleans())
+    def started(self, data: st.DataObject, newest: bool) -> None:
+        """As the post hook of StartContainer, most often of the newest container: what was read
+        ahead is carried over the start when it is the only change since (`Policy.moved_nothing`)."""
+        c = self.state.containers()[-1] if newest else self._container(data)
+        before = self.state.rules_generation
+        self.state.update_container(c.id, state=ContainerState.RUNNING)
+        if c.state in LIVE_STATES:
+            self.policy.moved_nothing(before, c.id)
+
+    @precondition(lambda self: self.pods)
+    @rule(data=st.data(), newest=st.booleans())
+    def kubelet_create(self, data: st.DataObject, newest: bool) -> None:
+        """A container as a kubelet makes it, each hook as the proxy runs it: the create (checked),
+        its rename with what was read ahead carried over, its start."""
+        self.kubelet_create_in(self.pods[-1] if newest else data.draw(st.sampled_from(self.pods)))
+
+    def kubelet_create_in(self, sid: str) -> None:
+        self.n += 1
+        name = f"c{self.n}"
+        self.hooked_create_in(sid, name)
+        pid, cid = f"pending/{sid}/{name}/0", f"ctr{self.n}"
+        self.state.rename_container(pid, cid)
+        self.policy.renamed(pid, cid)
+        before = self.state.rules_generation
+        if self.state.update_container(cid, state=ContainerState.RUNNING) is not None:
+            self.policy.moved_nothing(before, cid)
+
+    @precondition(lambda self: self.state.containers())
+    @rule(data=st.data(), cpus=st.sampled_from(["0-7", "1", "2-3", ""]))
+    def observed(self, data: st.DataObject, cpus: str) -> None:
+        """A reading of what a container really has: no decision moves (`rules_generation`)."""
+        self.state.observe_container(self._container(data).id, cpus, "cgroup", 1.0)
+
     @precondition(lambda self: self.state.containers())
     @rule(data=st.data(), state=st.sampled_from([ContainerState.RUNNING, ContainerState.EXITED]))
     def container_state(self, data: st.DataObject, state: ContainerState) -> None:
@@ -302,3 +347,69 @@ def test_a_create_read_ahead_holds_only_while_nothing_changed() -> None:
         else:
             assert now is not ahead
         m.hooked_create_in(sid, "y")  # what the create decides is the whole plan's
+
+
+def test_what_was_read_ahead_is_carried_over_a_create_that_took_it() -> None:
+    """A create that took its decision from what was read ahead, then renamed, and nothing else:
+    the next create in the pod reads ahead again without a plan in between (`Policy.renamed`), and
+    decides what a fresh policy's whole plan decides. Not after any other change, nor for a create
+    that did not take it."""
+    m = OneContainer()
+    m.new_pod("plain", CGROUPS[1])
+    sid = m.pods[-1]
+    m.plan_and_prepare_now([sid])
+    for i in range(3):  # creates in a row, each renamed: no plan made
+        m.hooked_create_in(sid, f"c{i}")
+        m.state.rename_container(f"pending/{sid}/c{i}/0", f"ctr-c{i}")
+        assert m.policy.renamed(f"pending/{sid}/c{i}/0", f"ctr-c{i}")
+    before = m.policy._cached
+    pod = m.state.pod(sid)
+    assert pod is not None
+    ahead = m.policy.before_create(pod, "pending/next")
+    assert ahead is not None and m.policy._cached is before
+    m.hooked_create_in(sid, "next")
+    # another change in between (a pod that carves the pools): not carried
+    m.new_pod("LSE", CGROUPS[1])
+    m.state.rename_container(f"pending/{sid}/next/0", "ctr-next")
+    assert not m.policy.renamed(f"pending/{sid}/next/0", "ctr-next")
+    m.hooked_create_in(sid, "after")
+    # a create decided on its path (not from what was read ahead): its rename carries nothing
+    m.plan_and_prepare_now([sid])
+    m.state.put_container(ContainerRecord(f"pending/{sid}/own/0", sid, "own"))
+    m.state.rename_container(f"pending/{sid}/own/0", "ctr-own")
+    assert not m.policy.renamed(f"pending/{sid}/own/0", "ctr-own")
+    m.hooked_create_in(sid, "last")
+
+
+def test_what_was_read_ahead_is_carried_over_a_start_and_a_reading_only() -> None:
+    """A kubelet starts each container before it creates the next: what was read ahead is carried
+    over the start (`Policy.moved_nothing`) and over readings of what containers really have
+    (`rules_generation`), so the next create reads it without a plan in between; not over a start
+    that came after another change (a pod that carves the pools)."""
+    m = OneContainer()
+    m.new_pod("plain", CGROUPS[1])
+    sid = m.pods[-1]
+    pod = m.state.pod(sid)
+    assert pod is not None
+    m.plan_and_prepare_now([sid])
+    before = m.policy._cached
+    for i in range(3):
+        m.kubelet_create_in(sid)
+        m.state.observe_container(f"ctr{m.n}", f"{i}", "cgroup", 1.0)
+        assert m.policy.before_create(pod, "pending/next") is not None
+    assert m.policy._cached is before  # no plan made
+    m.kubelet_create_in(sid)
+    m.new_pod("LSE", CGROUPS[1])  # carves 2-3 out of the pools
+    before = m.state.rules_generation
+    m.state.update_container(f"ctr{m.n}", state=ContainerState.EXITED)
+    m.state.update_container(f"ctr{m.n}", state=ContainerState.RUNNING)  # not live before: not carried
+    assert not m.policy.moved_nothing(before + 1, f"ctr{m.n}")
+    m.n += 1
+    c = ContainerRecord(f"ctr{m.n}", sid, "late")
+    before = m.state.rules_generation
+    m.state.put_container(c)
+    m.state.update_container(c.id, state=ContainerState.RUNNING)
+    assert not m.policy.moved_nothing(before + 1, c.id)  # the LSE pod came since the read
+    m.hooked_create_in(sid, "after")  # decides what a fresh policy's whole plan decides
+    decision, _ = m.policy.for_container(pod, f"pending/{sid}/after/0")
+    assert decision is not None and decision.cpuset == CPUSet.parse("0-1,4-7")
