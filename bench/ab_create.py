@@ -12,6 +12,7 @@ block of the run, and the paired median of this checkout minus the other.
     .venv/bin/python bench/ab_create.py --against /tmp/base --runtime fake -n 800
     .venv/bin/python bench/ab_create.py --against /tmp/base -n 400 --pod-each
     .venv/bin/python bench/ab_create.py --against /tmp/base --gap 0.02   # calls spaced as a kubelet's
+    .venv/bin/python bench/ab_create.py --against /tmp/base --start -n 300  # create, start, create, ...
     .venv/bin/python bench/ab_create.py --against /tmp/base --call version -n 5000   # tiny calls
 
 Against containerd, keep the creates under ~5,000 (3 paths x -n, x2 with --twice): the bench's
@@ -93,16 +94,19 @@ def timed(
 
 
 def rounds(
-    targets: dict[str, Target], n: int, pod_each: bool, gap: float, twice: bool = False
+    targets: dict[str, Target], n: int, pod_each: bool, gap: float, twice: bool = False, start: bool = False
 ) -> dict[str, list[float]]:
     """CreateContainer on every path (see `timed`), in one pod per path or (`pod_each`) each in a
-    pod of its own, made first on the same path and not timed."""
+    pod of its own, made first on the same path and not timed; `start`: each container then
+    started on the same path, not timed, as a kubelet starts one before it creates the next."""
     from kube import container_config, pod_sandbox_config
 
     run_pod = {
         k: t.channel.unary_unary("/runtime.v1.RuntimeService/RunPodSandbox") for k, t in targets.items()
     }
     create = {k: t.call("/runtime.v1.RuntimeService/CreateContainer") for k, t in targets.items()}
+    start_one = {k: t.call("/runtime.v1.RuntimeService/StartContainer") for k, t in targets.items()}
+    created: list[tuple[str, bytes]] = []  # the last create's path and answer, to start before the next call
 
     def new_pod(k: str, label: str) -> tuple[str, Any]:
         config = pod_sandbox_config(pb, f"ab-{label}", qos="besteffort", labels={"bench": "ab"})
@@ -114,13 +118,25 @@ def rounds(
     cpus = Path("/sys/devices/system/cpu/online").read_text().strip()
 
     def prepare(k: str, i: int, j: int) -> Callable[[], object]:
+        if created:
+            path, answer = created.pop()
+            reply = pb.CreateContainerResponse.FromString(answer)
+            start_one[path](
+                pb.StartContainerRequest(container_id=reply.container_id).SerializeToString(), timeout=60
+            )
         pod_id, pod = new_pod(k, f"{k}{i}-{j}") if pod_each else shared[k]
         config = container_config(pb, pod, f"c{k}{i}-{j}")
         if k == "d":
             config.linux.resources.cpuset_cpus = cpus
         request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod)
         body = request.SerializeToString()
-        return lambda: create[k](body, timeout=60)
+        if not start:
+            return lambda: create[k](body, timeout=60)
+
+        def call() -> None:
+            created.append((k, create[k](body, timeout=60)))
+
+        return call
 
     return timed(targets, n, gap, twice, prepare)
 
@@ -167,6 +183,9 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=400, help="rounds (one call per path each)")
     parser.add_argument("--pod-each", action="store_true", help="each create in a pod of its own")
     parser.add_argument("--twice", action="store_true", help="two calls in a row on each path")
+    parser.add_argument(
+        "--start", action="store_true", help="start each container after its create (not timed)"
+    )
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
     parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
     args = parser.parse_args()
@@ -184,11 +203,13 @@ def main() -> None:
                 print(f"Version x{args.n} on {args.runtime}, gap {args.gap} s; logs in {work}")
                 report(version_rounds(targets, args.n, args.gap, args.twice), names)
                 return
-            shape = ("a pod each" if args.pod_each else "one growing pod") + (
-                ", twice in a row" if args.twice else ""
+            shape = (
+                ("a pod each" if args.pod_each else "one growing pod")
+                + (", twice in a row" if args.twice else "")
+                + (", each started" if args.start else "")
             )
             print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
-            report(rounds(targets, args.n, args.pod_each, args.gap, args.twice), names)
+            report(rounds(targets, args.n, args.pod_each, args.gap, args.twice, args.start), names)
         finally:
             stop_all(procs)
 
