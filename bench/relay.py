@@ -148,12 +148,20 @@ def hook_counters(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
 
 
 def hooked_create(
-    direct: Target, proxy: Target, n: int, metrics: str, blocks: int = 5, pod_each: bool = False
+    direct: Target,
+    proxy: Target,
+    n: int,
+    metrics: str,
+    blocks: int = 5,
+    pod_each: bool = False,
+    started: bool = False,
 ) -> None:
     """CreateContainer (hooked in the proxy) direct and through the proxy, interleaved: added p50,
     and how much of it is the hooks' own time (the proxy's counters) and how much the relay's.
     All in one pod that grows to `n` containers per path, or (`pod_each`) each in a pod of its own,
-    made first on the same path and not timed: the kubelet's usual shape, a pod of a few containers."""
+    made first on the same path and not timed: the kubelet's usual shape, a pod of a few containers.
+    `started`: one new pod whose containers are each started on their path after the create (not
+    timed), as a kubelet starts a pod's container before it creates the next."""
     from kube import container_config, pod_sandbox_config
 
     path = "/runtime.v1.RuntimeService/CreateContainer"
@@ -167,8 +175,12 @@ def hooked_create(
         reply = run_pod[name](pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=60)
         return pb.RunPodSandboxResponse.FromString(reply).pod_sandbox_id, config
 
-    shared = new_pod("p", "shared")
+    shared = new_pod("p", "started" if started else "shared")
     d_call, p_call = direct.call(path), proxy.call(path)
+    start = {
+        name: target.call("/runtime.v1.RuntimeService/StartContainer")
+        for name, target in (("d", direct), ("p", proxy))
+    }
     d: list[float] = []
     p: list[float] = []
     # what the proxy injects into a BE container here (the BE pool: every online CPU, none reserved),
@@ -187,8 +199,11 @@ def hooked_create(
                 cfg.linux.resources.cpuset_cpus = cpus
             request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod)
             t0 = time.perf_counter()
-            fn(request.SerializeToString(), timeout=60)
+            reply = fn(request.SerializeToString(), timeout=60)
             out.append(time.perf_counter() - t0)
+            if started:
+                cid = pb.CreateContainerResponse.FromString(reply).container_id
+                start[name](pb.StartContainerRequest(container_id=cid).SerializeToString(), timeout=60)
     cpu = (proxy_cpu() - cpu0) / n
     time.sleep(0.5)  # the last post hook
     after = hook_counters(metrics)
@@ -208,9 +223,10 @@ def hooked_create(
     # with a pod each, every create also comes right after its pod's RunPodSandbox on its path):
     # added p50 with both paths warm, and with both cold
     warm = percentile(p[1::2], 0.5) - percentile(d[0::2], 0.5)
+    shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
     cold = percentile(p[0::2], 0.5) - percentile(d[1::2], 0.5)
     print(
-        f"CreateContainer (hooked; {'a pod each' if pod_each else 'one growing pod'};"
+        f"CreateContainer (hooked; {shape};"
         f" direct with cpuset {cpus}) x{n}"
         f" direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms"
         f" | added p50 {(pp - dp) * 1e3:.3f} ms (per block of {size}: "
@@ -332,6 +348,7 @@ def run(
     if args.creates:
         hooked_create(direct, proxy, args.creates, metrics)
         hooked_create(direct, proxy, args.creates, metrics, pod_each=True)
+        hooked_create(direct, proxy, args.creates // 2, metrics, started=True)
     print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
 
 

@@ -154,6 +154,10 @@ class StateCollector(Collector):
             ("failed", "updates that failed after retries"),
             ("dropped", "containers found gone"),
             ("repaired", "containers whose real cpuset (their cgroup) differed from the applied one"),
+            (
+                "start_checks",
+                "starts checked against the cgroup (an update went to the container since its create)",
+            ),
         ):
             yield CounterMetricFamily(f"cri_proxy_reconcile_{name}", help_text, value=s["reconcile"][name])
         overlap = GaugeMetricFamily(

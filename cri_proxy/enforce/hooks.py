@@ -347,6 +347,7 @@ class EnforceHooks:
         self._learned.discard(req.pod_sandbox_id)
         kept = resources_bytes(resources)
         if self.state.rename_container(pid, cid, resources=kept, applied=applied):
+            self.reconciler.created(cid)  # its cgroup has what this create set: its start needs no check
             # the pod's next container may come next: when what was read ahead for it still holds,
             # the plan waits (a create right behind, often in a burst, needs none)
             self._plan_soon(req.pod_sandbox_id, PLAN_LATER if self.policy.renamed(pid, cid) else 0.0)
@@ -406,6 +407,7 @@ class EnforceHooks:
         kept, sent whole. A requested cpuset the decision replaces is logged and counted, never
         dropped silently; one naming CPUs that are not online is refused."""
         req: Any = request
+        self.reconciler.updating(req.container_id)  # an update around its start: the start is checked
         requested = req.linux.cpuset_cpus if req.HasField("linux") else ""
         if requested and not self.dry_run:
             self._refuse_offline(req.container_id, requested)

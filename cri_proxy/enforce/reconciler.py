@@ -41,6 +41,9 @@ SendUpdate = Callable[[ContainerRecord, bytes], Awaitable[None]]
 Sync = Callable[[], Awaitable[object]]
 """Merge the runtime's listing into the state (the periodic pass's cheap ListContainers diff)."""
 
+FRESH_KEPT = 4096
+"""Containers created with no update since that are remembered at most (`Reconciler.created`)."""
+
 TRANSIENT = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -70,6 +73,7 @@ class Totals:
     failed: int = 0
     dropped: int = 0
     repaired: int = 0  # containers whose real cpuset differed from what was applied, re-sent
+    start_checks: int = 0  # starts checked against the cgroup (an update went to the container)
 
 
 class Reconciler:
@@ -95,6 +99,9 @@ class Reconciler:
         self.sync = sync
         self.totals = Totals()
         self._sending: dict[str, int] = {}  # container id -> updates in flight
+        # containers this process created whose cgroup has what their create set, no update sent to
+        # them since: nothing can have landed around their start (`verify_started`); oldest first
+        self._fresh: dict[str, None] = {}
         self._sent = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self._overlaps: frozenset[str] = frozenset()
@@ -227,9 +234,27 @@ class Reconciler:
         )
         self.state.update_container(c.id, applied=reading.cpuset)
 
+    def created(self, container_id: str) -> None:
+        """The container was created with its cpuset (the create's own, no update): its start needs
+        no check. At most FRESH_KEPT are remembered; one forgotten is checked, as any other."""
+        fresh = self._fresh
+        fresh[container_id] = None
+        if len(fresh) > FRESH_KEPT:
+            del fresh[next(iter(fresh))]
+
+    def updating(self, container_id: str) -> None:
+        """An update is going to the container (ours or a client's): its start is checked."""
+        self._fresh.pop(container_id, None)
+
     def verify_started(self, container_id: str) -> None:
         """After StartContainer: once no update to it is in flight, check the container's cgroup
-        took the applied cpuset (containerd 1.6 drops an update that lands around a start)."""
+        took the applied cpuset (containerd 1.6 drops an update that lands around a start). Not
+        for a container no update went to since its create (`created`): the check would read a
+        cgroup and the runtime's status while the kubelet's next call comes, for nothing."""
+        if container_id in self._fresh:
+            del self._fresh[container_id]
+            return
+        self.totals.start_checks += 1
         self._spawn(self._verify(container_id))
 
     async def _verify(self, container_id: str, timeout: float = 10.0) -> None:
@@ -345,6 +370,7 @@ class Reconciler:
         resources = c.linux_resources()
         resources.cpuset_cpus = want
         body = resources.SerializeToString()
+        self.updating(c.id)
         self._sending[c.id] = self._sending.get(c.id, 0) + 1
         try:
             async for attempt in AsyncRetrying(

@@ -539,3 +539,35 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
             await n.settle()
 
     run(main())
+
+
+def test_a_start_is_checked_only_when_an_update_went_to_its_container(tmp_path: Path) -> None:
+    """A container's start is checked against its cgroup (`Reconciler.verify_started`) when an
+    update went to it since its create, a client's included (the kubelet's, relayed here): it may
+    have landed around the start. A container as its create left it is not checked."""
+    from cri_proxy.relay.methods import KNOWN
+
+    create = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
+    start = KNOWN["/runtime.v1.RuntimeService/StartContainer"]
+    update = KNOWN["/runtime.v1.RuntimeService/UpdateContainerResources"]
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            hooks, reconciler = n.proxy.hooks, n.proxy.reconciler
+            await pod_d_p(hooks)
+            for name, updated in (("a", False), ("b", True)):
+                config = v1.ContainerConfig(metadata=v1.ContainerMetadata(name=name))
+                request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config)
+                sent = await hooks.create_container(request, create)
+                await hooks.container_created(sent, v1.CreateContainerResponse(container_id=name), create)
+                if updated:
+                    linux = v1.LinuxContainerResources(cpu_shares=256)
+                    change = v1.UpdateContainerResourcesRequest(container_id=name, linux=linux)
+                    await hooks.update_resources(change, update)
+                await hooks.container_started(
+                    v1.StartContainerRequest(container_id=name), v1.StartContainerResponse(), start
+                )
+                assert reconciler.totals.start_checks == int(updated)
+            await reconciler.checks_done()
+
+    run(main())

@@ -120,7 +120,7 @@ def test_the_metric_names_both_containers() -> None:
         "runtime_up": True,
         "injections": {},
         "problem_kinds": [str(p.kind) for p in policy.plan().problems],
-        "reconcile": {"passes": 0, "updated": 0, "failed": 0, "dropped": 0, "repaired": 0},
+        "reconcile": {"passes": 0, "updated": 0, "failed": 0, "dropped": 0, "repaired": 0, "start_checks": 0},
         "dry_run": False,
         "replaced": 0,
         "overlaps": [

@@ -299,3 +299,57 @@ def test_a_start_whose_cgroup_matches_asks_for_nothing() -> None:
         assert cgroups.reads == ["c0"] and r.totals.repaired == 0 and r.request() == before + 1
 
     run(main())
+
+
+def test_a_start_no_update_went_to_since_its_create_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container created with its cpuset (`created`) and started with no update sent to it since:
+    nothing can have landed around its start, so no cgroup nor status is read (the kubelet's next
+    call comes meanwhile). After an update (a client's, or the reconciler's own), the start is
+    checked; so is one of more created containers than are remembered (the oldest is forgotten)."""
+    from cri_proxy.enforce import reconciler as reconciler_module
+
+    monkeypatch.setattr(reconciler_module, "FRESH_KEPT", 2)
+
+    async def main() -> None:
+        state = node_with(4, lsr_cpus=None)
+        cgroups = Cgroups({f"c{i}": "0-15" for i in range(4)})
+        r = reconciler(state, cgroups.sender(Recorder()), read_actual=cgroups.read)
+        r.created("c0")
+        r.verify_started("c0")
+        await r.checks_done()
+        assert cgroups.reads == []
+        r.verify_started("c0")  # a second start (it was restarted): checked
+        await r.checks_done()
+        assert cgroups.reads == ["c0"]
+        r.created("c1")
+        r.updating("c1")  # a client's update relayed to it
+        r.verify_started("c1")
+        await r.checks_done()
+        assert cgroups.reads == ["c0", "c1"]
+        for cid in ("c2", "c3", "c0"):  # c2 is forgotten: more than FRESH_KEPT created
+            r.created(cid)
+        for cid in ("c2", "c3", "c0"):
+            r.verify_started(cid)
+        await r.checks_done()
+        assert cgroups.reads == ["c0", "c1", "c2"]
+
+    run(main())
+
+
+def test_a_start_after_an_update_the_reconciler_sent_is_checked() -> None:
+    """Created with its cpuset (`created`), then updated by a pass, its cgroup took the update; the
+    start then puts the old set back (containerd 1.6): the start's check finds it."""
+
+    async def main() -> None:
+        state = node_with(1)  # an LSR pod on 0-1: the LS container must leave them
+        cgroups = Cgroups({"c0": "0-15"})
+        r = reconciler(state, cgroups.sender(Recorder()), read_actual=cgroups.read)
+        r.created("c0")
+        assert (await r.pass_once()).updated == 1
+        assert cgroups.sets["c0"] == "2-15"
+        cgroups.sets["c0"] = "0-15"  # the start around the update kept the create's set
+        r.verify_started("c0")
+        await r.checks_done()
+        assert r.totals.repaired == 1
+
+    run(main())
