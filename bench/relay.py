@@ -223,8 +223,8 @@ def hooked_create(
     # with a pod each, every create also comes right after its pod's RunPodSandbox on its path):
     # added p50 with both paths warm, and with both cold
     warm = percentile(p[1::2], 0.5) - percentile(d[0::2], 0.5)
-    shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
     cold = percentile(p[0::2], 0.5) - percentile(d[1::2], 0.5)
+    shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
     print(
         f"CreateContainer (hooked; {shape};"
         f" direct with cpuset {cpus}) x{n}"

@@ -374,6 +374,28 @@ async def pod_d_p(hooks: EnforceHooks) -> None:
     await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
 
 
+async def kubelet_container(hooks: EnforceHooks, name: str, updated: bool = False) -> str:
+    """A container of pod d/p as a kubelet makes it, through the hooks: created (id `name`), then
+    (`updated`: after a client's update) started; the cpuset its create was sent with."""
+    from cri_proxy.relay.methods import KNOWN
+
+    service = "/runtime.v1.RuntimeService/"
+    config = v1.ContainerConfig(metadata=v1.ContainerMetadata(name=name))
+    create = KNOWN[service + "CreateContainer"]
+    sent = await hooks.create_container(v1.CreateContainerRequest(pod_sandbox_id="s", config=config), create)
+    await asyncio.sleep(0)  # the create's record goes in, as after its request went on
+    await hooks.container_created(sent, v1.CreateContainerResponse(container_id=name), create)
+    if updated:
+        change = v1.UpdateContainerResourcesRequest(
+            container_id=name, linux=v1.LinuxContainerResources(cpu_shares=256)
+        )
+        await hooks.update_resources(change, KNOWN[service + "UpdateContainerResources"])
+    start = v1.StartContainerRequest(container_id=name)
+    await hooks.container_started(start, v1.StartContainerResponse(), KNOWN[service + "StartContainer"])
+    await asyncio.sleep(0)
+    return sent.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined,no-any-return]
+
+
 def test_the_line_about_each_create_is_written_once_when_its_call_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -486,8 +508,6 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
     from tests.unit.test_create_early import reads
 
     monkeypatch.setattr(hooks_module, "PLAN_LATER", 0.05)
-    create = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
-    start = KNOWN["/runtime.v1.RuntimeService/StartContainer"]
     run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
 
     async def main() -> None:
@@ -506,21 +526,8 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
 
             policy.plan = counted  # type: ignore[assignment,method-assign]
 
-            async def one(name: str) -> str:
-                config = v1.ContainerConfig(metadata=v1.ContainerMetadata(name=name))
-                request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config)
-                sent = await hooks.create_container(request, create)
-                await asyncio.sleep(0)
-                answer = v1.CreateContainerResponse(container_id=f"ctr-{name}")
-                await hooks.container_created(sent, answer, create)
-                await hooks.container_started(
-                    v1.StartContainerRequest(container_id=f"ctr-{name}"), v1.StartContainerResponse(), start
-                )
-                await asyncio.sleep(0)
-                return sent.config.linux.resources.cpuset_cpus  # type: ignore[attr-defined,no-any-return]
-
             for name in ("a", "b", "c"):
-                assert await one(name) == "0-15"
+                assert await kubelet_container(hooks, name) == "0-15"
             assert len(read) == 3 and all(e is not None for e in read) and plans == 0
             for _ in range(100):  # the plan after them comes after its wait
                 if plans:
@@ -532,10 +539,10 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
             await hooks.run_pod_sandbox(
                 v1.RunPodSandboxRequest(config=other), v1.RunPodSandboxResponse(pod_sandbox_id="o"), run_pod
             )
-            assert await one("d") == "0-15"
+            assert await kubelet_container(hooks, "d") == "0-15"
             assert read[-1] is None
             fresh = Policy(policy.state, policy.topology, policy.settings).plan()
-            assert str(fresh.containers["ctr-d"].cpuset) == "0-15"
+            assert str(fresh.containers["d"].cpuset) == "0-15"
             await n.settle()
 
     run(main())
@@ -545,28 +552,13 @@ def test_a_start_is_checked_only_when_an_update_went_to_its_container(tmp_path: 
     """A container's start is checked against its cgroup (`Reconciler.verify_started`) when an
     update went to it since its create, a client's included (the kubelet's, relayed here): it may
     have landed around the start. A container as its create left it is not checked."""
-    from cri_proxy.relay.methods import KNOWN
-
-    create = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
-    start = KNOWN["/runtime.v1.RuntimeService/StartContainer"]
-    update = KNOWN["/runtime.v1.RuntimeService/UpdateContainerResources"]
 
     async def main() -> None:
         async with node(tmp_path) as n:
             hooks, reconciler = n.proxy.hooks, n.proxy.reconciler
             await pod_d_p(hooks)
             for name, updated in (("a", False), ("b", True)):
-                config = v1.ContainerConfig(metadata=v1.ContainerMetadata(name=name))
-                request = v1.CreateContainerRequest(pod_sandbox_id="s", config=config)
-                sent = await hooks.create_container(request, create)
-                await hooks.container_created(sent, v1.CreateContainerResponse(container_id=name), create)
-                if updated:
-                    linux = v1.LinuxContainerResources(cpu_shares=256)
-                    change = v1.UpdateContainerResourcesRequest(container_id=name, linux=linux)
-                    await hooks.update_resources(change, update)
-                await hooks.container_started(
-                    v1.StartContainerRequest(container_id=name), v1.StartContainerResponse(), start
-                )
+                await kubelet_container(hooks, name, updated)
                 assert reconciler.totals.start_checks == int(updated)
             await reconciler.checks_done()
 

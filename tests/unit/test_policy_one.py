@@ -245,6 +245,17 @@ def fast_answer(machine: OneContainer, kind: str = "plain", cgroup: str = CGROUP
     return c
 
 
+def read_ahead_pod() -> tuple[OneContainer, str, PodRecord]:
+    """A machine with a plain pod whose next create's decision is read ahead (`prepare`)."""
+    m = OneContainer()
+    m.new_pod("plain", CGROUPS[1])
+    sid = m.pods[-1]
+    pod = m.state.pod(sid)
+    assert pod is not None
+    m.plan_and_prepare_now([sid])
+    return m, sid, pod
+
+
 def test_a_pin_since_the_last_plan_is_the_decision() -> None:
     m = OneContainer()
     c = fast_answer(m)
@@ -327,12 +338,7 @@ def test_a_create_read_ahead_holds_only_while_nothing_changed() -> None:
     the facts and the settings are what they were then, and reads again after any change: a pod
     that carves the pools, a reload, a changed fact."""
     for between in ("pod", "reload", "facts", "nothing"):
-        m = OneContainer()
-        m.new_pod("plain", CGROUPS[1])
-        sid = m.pods[-1]
-        pod = m.state.pod(sid)
-        assert pod is not None
-        m.plan_and_prepare_now([sid])
+        m, sid, pod = read_ahead_pod()
         ahead = m.policy.before_create(pod, "pending/x")
         assert ahead is not None and ahead.decision.cpuset == CPUSet.parse("0-7")
         if between == "pod":
@@ -354,17 +360,12 @@ def test_what_was_read_ahead_is_carried_over_a_create_that_took_it() -> None:
     the next create in the pod reads ahead again without a plan in between (`Policy.renamed`), and
     decides what a fresh policy's whole plan decides. Not after any other change, nor for a create
     that did not take it."""
-    m = OneContainer()
-    m.new_pod("plain", CGROUPS[1])
-    sid = m.pods[-1]
-    m.plan_and_prepare_now([sid])
+    m, sid, pod = read_ahead_pod()
     for i in range(3):  # creates in a row, each renamed: no plan made
         m.hooked_create_in(sid, f"c{i}")
         m.state.rename_container(f"pending/{sid}/c{i}/0", f"ctr-c{i}")
         assert m.policy.renamed(f"pending/{sid}/c{i}/0", f"ctr-c{i}")
     before = m.policy._cached
-    pod = m.state.pod(sid)
-    assert pod is not None
     ahead = m.policy.before_create(pod, "pending/next")
     assert ahead is not None and m.policy._cached is before
     m.hooked_create_in(sid, "next")
@@ -386,12 +387,7 @@ def test_what_was_read_ahead_is_carried_over_a_start_and_a_reading_only() -> Non
     over the start (`Policy.moved_nothing`) and over readings of what containers really have
     (`rules_generation`), so the next create reads it without a plan in between; not over a start
     that came after another change (a pod that carves the pools)."""
-    m = OneContainer()
-    m.new_pod("plain", CGROUPS[1])
-    sid = m.pods[-1]
-    pod = m.state.pod(sid)
-    assert pod is not None
-    m.plan_and_prepare_now([sid])
+    m, sid, pod = read_ahead_pod()
     before = m.policy._cached
     for i in range(3):
         m.kubelet_create_in(sid)
