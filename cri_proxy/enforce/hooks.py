@@ -350,7 +350,7 @@ class EnforceHooks:
             self.reconciler.created(cid)  # its cgroup has what this create set: its start needs no check
             # the pod's next container may come next: when what was read ahead for it still holds,
             # the plan waits (a create right behind, often in a burst, needs none)
-            self._plan_soon(req.pod_sandbox_id, PLAN_LATER if self.policy.renamed(pid, cid) else 0.0)
+            self._plan_soon(req.pod_sandbox_id, PLAN_LATER if self.policy.renamed(pid) else 0.0)
             if not settled:
                 self.reconciler.request()
             return
@@ -463,7 +463,7 @@ class EnforceHooks:
         if self.state.update_container(cid, state=ContainerState.RUNNING) is None:
             return
         if was is not None and was.state in LIVE_STATES:  # its pod's containers the rules see are the same
-            self.policy.moved_nothing(before, cid)  # a kubelet's next create in the pod reads ahead still
+            self.policy.moved_nothing(before)  # a kubelet's next create in the pod reads ahead still
         if not self.dry_run:
             self.reconciler.verify_started(cid)
 

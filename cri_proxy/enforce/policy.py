@@ -172,38 +172,33 @@ class Policy:
                     ready[sandbox_id] = early
         self._prepared = (state.rules_generation, self._facts_version, self.settings(), ready)
 
-    def renamed(self, old_id: str, new_id: str) -> bool:
+    def renamed(self, old_id: str) -> bool:
         """A pending container that took a decision read ahead (`prepare`) got its runtime id, and
         nothing else changed since the read but its two changes (it went in, it was renamed): what
         was read ahead still holds (the container took its pod's one rule and moved no pool,
         `decide_added`; a rename changes no decision when ids do not matter), so the next create
-        reads it without a plan in between. True when it holds."""
+        reads it without a plan in between. True when it holds. (Taken, the container went in as
+        the one change since the read: `took_early`.)"""
         taken = old_id in self._taken
         self._taken.discard(old_id)
-        return taken and self._carry(2, {old_id, new_id})
+        return taken and self._carry(2)
 
-    def moved_nothing(self, before: int, container_id: str) -> bool:
-        """The state changed from rules generation `before` by one change to `container_id` that the
-        caller knows moves no decision (a container started: live before and after, its pod's
-        containers the same): what was read ahead as of `before` still holds. True when it does."""
-        return self._prepared[0] == before and self._carry(1, {container_id})
+    def moved_nothing(self, before: int) -> bool:
+        """The state changed from rules generation `before` by one change that the caller knows
+        moves no decision (a container started: live before and after, its pod's containers the
+        same): what was read ahead as of `before` still holds. True when it does."""
+        return self._prepared[0] == before and self._carry(1)
 
-    def _carry(self, count: int, ids: set[str]) -> bool:
-        """What was read ahead, carried over the last `count` changes of the state, which were to
-        `ids` (and the caller's to vouch for): when nothing else changed since the read, neither
-        the facts, the settings nor the plan it was read from."""
+    def _carry(self, count: int) -> bool:
+        """What was read ahead, carried over the state's last `count` changes, which the caller
+        vouches for, when they are all there were since the read. The facts, the settings and the
+        plan it was read from are checked when it is used (`before_create`, `took_early`)."""
         generation, facts, settings, ready = self._prepared
         if not ready or self.state.rules_generation != generation + count:
             return False
-        some = next(iter(ready.values()))
-        cached = self._cached
-        if not self._same_facts(self._prepared) or cached is None or cached[3] is not some.plan:
-            return False
-        changed, now = self.state.changes(some.at)
-        if changed != ids:
-            return False
-        carried = {sid: Early(e.plan, now, e.decision) for sid, e in ready.items()}
-        self._prepared = (self.state.rules_generation, facts, settings, carried)
+        at = self.state.position
+        carried = {sid: Early(e.plan, at, e.decision) for sid, e in ready.items()}
+        self._prepared = (generation + count, facts, settings, carried)
         self._taken = set()
         return True
 

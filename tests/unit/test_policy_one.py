@@ -106,7 +106,7 @@ class OneContainer(RuleBasedStateMachine):
         c = [c for c in self.state.containers() if c.id.startswith("pending/")][-1]
         self.n += 1
         self.state.rename_container(c.id, f"ctr{self.n}")
-        self.policy.renamed(c.id, f"ctr{self.n}")
+        self.policy.renamed(c.id)
 
     @precondition(lambda self: self.state.containers())
     @rule(data=st.data(), newest=st.booleans())
@@ -117,7 +117,7 @@ class OneContainer(RuleBasedStateMachine):
         before = self.state.rules_generation
         self.state.update_container(c.id, state=ContainerState.RUNNING)
         if c.state in LIVE_STATES:
-            self.policy.moved_nothing(before, c.id)
+            self.policy.moved_nothing(before)
 
     @precondition(lambda self: self.pods)
     @rule(data=st.data(), newest=st.booleans())
@@ -132,10 +132,10 @@ class OneContainer(RuleBasedStateMachine):
         self.hooked_create_in(sid, name)
         pid, cid = f"pending/{sid}/{name}/0", f"ctr{self.n}"
         self.state.rename_container(pid, cid)
-        self.policy.renamed(pid, cid)
+        self.policy.renamed(pid)
         before = self.state.rules_generation
         if self.state.update_container(cid, state=ContainerState.RUNNING) is not None:
-            self.policy.moved_nothing(before, cid)
+            self.policy.moved_nothing(before)
 
     @precondition(lambda self: self.state.containers())
     @rule(data=st.data(), cpus=st.sampled_from(["0-7", "1", "2-3", ""]))
@@ -364,7 +364,7 @@ def test_what_was_read_ahead_is_carried_over_a_create_that_took_it() -> None:
     for i in range(3):  # creates in a row, each renamed: no plan made
         m.hooked_create_in(sid, f"c{i}")
         m.state.rename_container(f"pending/{sid}/c{i}/0", f"ctr-c{i}")
-        assert m.policy.renamed(f"pending/{sid}/c{i}/0", f"ctr-c{i}")
+        assert m.policy.renamed(f"pending/{sid}/c{i}/0")
     before = m.policy._cached
     ahead = m.policy.before_create(pod, "pending/next")
     assert ahead is not None and m.policy._cached is before
@@ -372,13 +372,13 @@ def test_what_was_read_ahead_is_carried_over_a_create_that_took_it() -> None:
     # another change in between (a pod that carves the pools): not carried
     m.new_pod("LSE", CGROUPS[1])
     m.state.rename_container(f"pending/{sid}/next/0", "ctr-next")
-    assert not m.policy.renamed(f"pending/{sid}/next/0", "ctr-next")
+    assert not m.policy.renamed(f"pending/{sid}/next/0")
     m.hooked_create_in(sid, "after")
     # a create decided on its path (not from what was read ahead): its rename carries nothing
     m.plan_and_prepare_now([sid])
     m.state.put_container(ContainerRecord(f"pending/{sid}/own/0", sid, "own"))
     m.state.rename_container(f"pending/{sid}/own/0", "ctr-own")
-    assert not m.policy.renamed(f"pending/{sid}/own/0", "ctr-own")
+    assert not m.policy.renamed(f"pending/{sid}/own/0")
     m.hooked_create_in(sid, "last")
 
 
@@ -399,13 +399,13 @@ def test_what_was_read_ahead_is_carried_over_a_start_and_a_reading_only() -> Non
     before = m.state.rules_generation
     m.state.update_container(f"ctr{m.n}", state=ContainerState.EXITED)
     m.state.update_container(f"ctr{m.n}", state=ContainerState.RUNNING)  # not live before: not carried
-    assert not m.policy.moved_nothing(before + 1, f"ctr{m.n}")
+    assert not m.policy.moved_nothing(before + 1)
     m.n += 1
     c = ContainerRecord(f"ctr{m.n}", sid, "late")
     before = m.state.rules_generation
     m.state.put_container(c)
     m.state.update_container(c.id, state=ContainerState.RUNNING)
-    assert not m.policy.moved_nothing(before + 1, c.id)  # the LSE pod came since the read
+    assert not m.policy.moved_nothing(before + 1)  # the LSE pod came since the read
     m.hooked_create_in(sid, "after")  # decides what a fresh policy's whole plan decides
     decision, _ = m.policy.for_container(pod, f"pending/{sid}/after/0")
     assert decision is not None and decision.cpuset == CPUSet.parse("0-1,4-7")
