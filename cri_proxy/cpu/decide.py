@@ -744,15 +744,12 @@ def _holds(pod: PodInfo, container_id: str) -> bool:
     return bool(cs) and (cs[-1].id == container_id or any(c.id == container_id for c in cs))
 
 
-def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> ContainerDecision | None:
-    """What `decide(inputs, memo)` would decide for `container_id`, without deciding the node.
-
-    Sure only when the other inputs are the last call's and the pods changed since it (the same
-    pods but for a few at the end: a new pod, a pod with a new container) are `_neutral`, before and
-    after: then the survey, so the pools and everything else a decision depends on, is the last
-    call's, and deciding the container's pod alone under the last call's context is deciding it.
-    None when that is not sure, or when the pod's decision carries a problem or is exclusive (the
-    caller then asks the whole plan, which says why). The memo's totals are left as they are."""
+def _folded(inputs: NodeInputs, memo: DecideMemo) -> dict[int, tuple[PodInfo, _Entry]] | None:
+    """The survey parts of the pods changed since the last `decide` call (by `id`), when the other
+    inputs are that call's and those pods (a few at the end: a new pod, a pod with a new container)
+    are `_neutral`, before and after: then the survey, so the pools and everything else a decision
+    depends on, is the last call's. None when that is not sure. Kept in `memo.extra` for the next
+    fold; the memo's totals are left as they are."""
     decider = memo.decider
     online = inputs.topology.online
     if decider is None or memo.folds is None or memo.online != online:
@@ -786,7 +783,22 @@ def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> Conta
             return None
         made[id(pod)] = hit
     memo.extra = made  # this call's pods only: a pod changed again leaves its older parts behind
-    found = next((made[id(pod)][1] for pod in reversed(pods[at:]) if _holds(pod, container_id)), None)
+    return made
+
+
+def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> ContainerDecision | None:
+    """What `decide(inputs, memo)` would decide for `container_id`, without deciding the node.
+
+    Sure only when the pods changed since the last call may be folded over (`_folded`): then
+    deciding the container's pod alone under the last call's context is deciding it. None when
+    that is not sure, or when the pod's decision carries a problem or is exclusive (the caller then
+    asks the whole plan, which says why). The memo's totals are left as they are."""
+    made = _folded(inputs, memo)
+    if made is None:
+        return None
+    decider, kube = memo.decider, memo.kube
+    assert decider is not None  # `_folded` answers only after a call
+    found = next((e for pod, e in reversed(made.values()) if _holds(pod, container_id)), None)
     if found is None or found.view.pod.key in memo.troubled:  # another sandbox of the pod has problems
         return None
     view = found.view
@@ -801,10 +813,13 @@ def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> Conta
     return decisions.get(container_id)
 
 
-def decide_added(memo: DecideMemo, pod: PodInfo, container_id: str) -> ContainerDecision | None:
+def decide_added(
+    memo: DecideMemo, pod: PodInfo, container_id: str, inputs: NodeInputs | None = None
+) -> ContainerDecision | None:
     """What `decide` would decide for container `container_id` added to `pod` (one of the last
     call's pods, the very object), when the inputs are the last call's but for that container: the
-    caller's to know.
+    caller's to know. With `inputs` (those of now, without the container), `pod` may also be one
+    of the pods changed since, a new one most often, when `_folded` may fold over them.
 
     Sure when the new container moves no pool and its pod's containers share one rule: a pod's
     survey part does not depend on its containers, except that the kubelet's entry of a container
@@ -812,9 +827,15 @@ def decide_added(memo: DecideMemo, pod: PodInfo, container_id: str) -> Container
     container must have none; then the pools stay the last call's, and the new container gets the
     pod's rule, which does not look at the containers. None otherwise, and when the rule carries a
     problem or pins CPUs (the caller then folds or plans, which says why). Reads the memo, changes
-    nothing: a CreateContainer asks this before its pending record goes in."""
+    nothing but its fold (`memo.extra`): a CreateContainer asks this before its pending record
+    goes in."""
     decider, kube = memo.decider, memo.kube
     hit = memo.parsed.get(id(pod))
+    if inputs is not None and inputs.pods is not memo.seq:
+        made = _folded(inputs, memo)
+        if made is None:
+            return None
+        hit = made.get(id(pod)) or hit  # changed since, or as it was (the survey is the same)
     if decider is None or hit is None or hit[0] is not pod:
         return None
     entry = hit[1]

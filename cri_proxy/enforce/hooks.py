@@ -177,6 +177,10 @@ class EnforceHooks:
         self._planning_now = not wait
         self._planning = loop.call_later(wait, self._make_plan) if wait else loop.call_soon(self._make_plan)
 
+    def _plan_due(self) -> bool:
+        """Whether a plan is to be made in the next loop turn (it reads ahead then)."""
+        return self._planning is not None and self._planning_now
+
     def _make_plan(self) -> None:
         self._planning = None
         pods, self._next_creates = self._next_creates, set()
@@ -192,9 +196,12 @@ class EnforceHooks:
         pod = pod_record(response.pod_sandbox_id, req.config, info.version)  # type: ignore[attr-defined]
         self.state.put_pod(pod)
         # an exclusive pod carves the share pools as soon as it exists; a new pod that names no
-        # class nor allocation (nor has an API view) moves nothing: it has no containers yet
+        # class nor allocation (nor has an API view) moves nothing: it has no containers yet, and
+        # its first create is read ahead from the last plan (`Policy.read_ahead`), without a plan
         if may_move_pools(pod.labels, pod.annotations) or self.state.has_api_view(pod.uid):
             self.reconciler.request()
+        elif not self._plan_due() and self.policy.read_ahead(pod.sandbox_id):
+            return
         self._plan_soon(pod.sandbox_id)  # its containers' creates come next
 
     async def pod_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:

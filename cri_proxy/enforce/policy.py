@@ -172,6 +172,14 @@ class Policy:
                     ready[sandbox_id] = early
         self._prepared = (state.rules_generation, self._facts_version, self.settings(), ready)
 
+    def read_ahead(self, sandbox_id: str) -> bool:
+        """`prepare` a new pod's first create (and again those read ahead before) without making
+        the plan first: the last plan folded over the pods changed since (`decide_added`), which
+        holds when they move no pool. True when the pod's was read; else the plan is the caller's
+        to make."""
+        self.prepare([sandbox_id, *self._prepared[3]])
+        return sandbox_id in self._prepared[3]
+
     def renamed(self, old_id: str) -> bool:
         """A pending container that took a decision read ahead (`prepare`) got its runtime id, and
         nothing else changed since the read but its two changes (it went in, it was renamed): what
@@ -220,14 +228,15 @@ class Policy:
         state = self.state
         if cached is None or not self._same_facts(cached):
             return None
-        if state.pod_infos() is not self._memo.seq:  # the pods changed since the last plan
-            return None
+        pods = state.pod_infos()
         info = state.ready_info(pod.sandbox_id)
         if info is None or self._text_troubled(pod):
             return None
         if state.is_api_sourced(pod.key):  # the plan says where the API's values came from
             return None
-        decision = decide_added(self._memo, info, container_id)
+        # the pods changed since the last plan (a new pod, most often): folded over, when they may be
+        inputs = self.inputs() if pods is not self._memo.seq else None
+        decision = decide_added(self._memo, info, container_id, inputs)
         return Early(cached[3], state.position, decision) if decision is not None else None
 
     def for_container(

@@ -374,15 +374,17 @@ async def pod_d_p(hooks: EnforceHooks) -> None:
     await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
 
 
-async def kubelet_container(hooks: EnforceHooks, name: str, updated: bool = False) -> str:
-    """A container of pod d/p as a kubelet makes it, through the hooks: created (id `name`), then
-    (`updated`: after a client's update) started; the cpuset its create was sent with."""
+async def kubelet_container(hooks: EnforceHooks, name: str, updated: bool = False, sandbox: str = "s") -> str:
+    """A container of pod d/p (or of `sandbox`) as a kubelet makes it, through the hooks: created
+    (id `name`), then (`updated`: after a client's update) started; the cpuset its create was sent
+    with."""
     from cri_proxy.relay.methods import KNOWN
 
     service = "/runtime.v1.RuntimeService/"
     config = v1.ContainerConfig(metadata=v1.ContainerMetadata(name=name))
     create = KNOWN[service + "CreateContainer"]
-    sent = await hooks.create_container(v1.CreateContainerRequest(pod_sandbox_id="s", config=config), create)
+    request = v1.CreateContainerRequest(pod_sandbox_id=sandbox, config=config)
+    sent = await hooks.create_container(request, create)
     await asyncio.sleep(0)  # the create's record goes in, as after its request went on
     await hooks.container_created(sent, v1.CreateContainerResponse(container_id=name), create)
     if updated:
@@ -500,8 +502,9 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
     """A pod's containers as a kubelet makes them (create, start, create, ...), right after one
     another: each create reads the decision read ahead, carried over the previous create
     (`Policy.renamed`) and start (`Policy.moved_nothing`), with no plan in between; one plan comes
-    PLAN_LATER after. A change that may move a decision in between (a new pod): the next create
-    decides on its path, and rightly."""
+    PLAN_LATER after. A new pod that moves no pool: its first create and the next in the pod before
+    read ahead still, with no plan (`Policy.read_ahead`). A new pod that may move the pools: the
+    next create decides on its path, and rightly."""
     from cri_proxy.enforce import hooks as hooks_module
     from cri_proxy.enforce.policy import Policy
     from cri_proxy.relay.methods import KNOWN
@@ -510,7 +513,17 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
     monkeypatch.setattr(hooks_module, "PLAN_LATER", 0.05)
     run_pod = KNOWN["/runtime.v1.RuntimeService/RunPodSandbox"]
 
+    async def new_pod(name: str, labels: dict[str, str]) -> None:
+        config = v1.PodSandboxConfig(
+            metadata=v1.PodSandboxMetadata(name=name, uid=f"uid-{name}", namespace="d"),
+            linux=v1.LinuxPodSandboxConfig(cgroup_parent=f"/kubepods/besteffort/poduid-{name}"),
+            labels=labels,
+        )
+        response = v1.RunPodSandboxResponse(pod_sandbox_id=name)
+        await hooks.run_pod_sandbox(v1.RunPodSandboxRequest(config=config), response, run_pod)
+
     async def main() -> None:
+        nonlocal hooks
         async with node(tmp_path) as n:
             hooks, policy = n.proxy.hooks, n.proxy.policy
             await pod_d_p(hooks)
@@ -534,17 +547,23 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
                     break
                 await asyncio.sleep(0.01)
             assert plans >= 1
-            # another pod comes (it may move the pools): a create right behind decides on its path
-            other = v1.PodSandboxConfig(metadata=v1.PodSandboxMetadata(name="o", uid="uid-o", namespace="d"))
-            await hooks.run_pod_sandbox(
-                v1.RunPodSandboxRequest(config=other), v1.RunPodSandboxResponse(pod_sandbox_id="o"), run_pod
-            )
+            # a new pod that moves no pool: its first create, and the next one in d/p, read ahead
+            plans = 0
+            await new_pod("n", {})
+            assert await kubelet_container(hooks, "n1", sandbox="n") == "0-15"
+            assert await kubelet_container(hooks, "d1") == "0-15"
+            assert read[-2] is not None and read[-1] is not None and plans == 0
+            fresh = Policy(policy.state, policy.topology, policy.settings).plan()
+            assert str(fresh.containers["n1"].cpuset) == str(fresh.containers["d1"].cpuset) == "0-15"
+            # another pod comes that may move the pools: a create right behind decides on its path
+            await new_pod("o", {QOS_LABEL: "LS"})
             assert await kubelet_container(hooks, "d") == "0-15"
             assert read[-1] is None
             fresh = Policy(policy.state, policy.topology, policy.settings).plan()
             assert str(fresh.containers["d"].cpuset) == "0-15"
             await n.settle()
 
+    hooks: EnforceHooks
     run(main())
 
 

@@ -342,6 +342,64 @@ def test_decide_added_says_what_decide_says_or_nothing(
 
 
 @settings(max_examples=300, deadline=None)
+@given(generated(), generated(), st.randoms(use_true_random=False))
+def test_decide_added_over_pods_changed_since_says_what_decide_says_or_nothing(
+    g: Generated, other: Generated, rnd: random.Random
+) -> None:
+    """`decide_added` with the inputs of now, the pods changed since the last full call in any way
+    (new pods without containers yet, as RunPodSandbox adds them, most often): when it answers for
+    a pod and a container id, adding that container gives it that answer in the whole plan, no
+    problem of its pod, and the pools, the exclusive containers and every other container's
+    decision are those of the plan without it, which are the last full call's."""
+    memo = DecideMemo()
+    pods = list(g.inputs.pods)
+    spare = list(other.inputs.pods)
+    last = decide(g.inputs, memo)
+    steps = ["new-pod"] * 4 + ["plain-pod", "grow", "full", "ask", "ask", "ask"]
+    steps += ["append", "grow-any", "replace-last", "drop-last", "drop-any", "kubelet", "reserved"]
+    answered = 0
+    for step_no in range(24):
+        step = rnd.choice(steps)
+        if step in ("new-pod", "plain-pod"):  # the kubelet's usual pod: no class label, no allocation
+            uid = f"plain{step_no}"
+            cgroup = rnd.choice(CGROUPS).format(u=uid)
+            containers = (ContainerInfo(f"{uid}-a", "a"),) if step == "plain-pod" else ()
+            pods.append(PodInfo(uid, uid, "ns", cgroup, {}, {}, containers))
+        change_pods(step, pods, spare, rnd, f"grown{step_no}")
+        if step == "kubelet":
+            g = replace(g, inputs=replace(g.inputs, kubelet=rnd.choice([other.inputs.kubelet, None])))
+        elif step == "reserved":
+            g = replace(g, inputs=replace(g.inputs, reserved=other.inputs.reserved))
+        inputs = replace(g.inputs, pods=tuple(pods))
+        if step == "full":
+            last = decide(inputs, memo)
+        if step != "ask" or not pods:
+            continue
+        newest = rnd.random() < 0.8  # most often one of the newest pods, as a kubelet's create is
+        at = rnd.randrange(max(0, len(pods) - 4) if newest else 0, len(pods))
+        pod = pods[at]
+        name = next(n for n in "abcdefgh" if n not in {c.name for c in pod.containers})
+        new = ContainerInfo(f"{pod.uid}-{name}-{step_no}", name)
+        if any(c.id == new.id for p in pods for c in p.containers):
+            continue
+        added = decide_added(memo, pod, new.id, inputs)
+        if added is None:
+            continue
+        answered += 1
+        without = decide(inputs)
+        grown = list(pods)
+        grown[at] = replace(pod, containers=(*pod.containers, new))
+        plan = decide(replace(inputs, pods=tuple(grown)))
+        assert plan.containers[new.id] == added
+        assert not [p for p in plan.problems if p.pod == pod.key]
+        assert (plan.pools, plan.exclusive) == (without.pools, without.exclusive)
+        assert (plan.pools, plan.exclusive) == (last.pools, last.exclusive)
+        assert {k: v for k, v in plan.containers.items() if k != new.id} == dict(without.containers)
+    assert decide(replace(g.inputs, pods=tuple(pods)), memo) == decide(replace(g.inputs, pods=tuple(pods)))
+    event(f"decide_added over changes answered {min(answered, 3)}+ times")
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     generated(),
     st.dictionaries(st.sampled_from([QOS_LABEL, "app", "tier"]), st.sampled_from(["LSE", "LSR", "BE", "x"])),
