@@ -377,6 +377,7 @@ class DecideMemo:
         "context",
         "decider",
         "extra",
+        "folded",
         "folds",
         "kube",
         "merged",
@@ -402,6 +403,8 @@ class DecideMemo:
         self.decider: _Decider | None = None  # the last call's, for `decide_one` and `decide_added`
         self.kube: KubeletState | None = None  # the last call's kubelet state (static policy), ditto
         self.extra: dict[int, tuple[PodInfo, _Entry]] = {}  # id(pod) -> part `decide_one` made since
+        # the last fold (`_folded`): the pods it was over (that very tuple), what it made of them
+        self.folded: tuple[tuple[PodInfo, ...], dict[int, tuple[PodInfo, _Entry]] | None] | None = None
         self.troubled: frozenset[str | None] = frozenset()  # keys of the pods the last plan has problems of
 
 
@@ -691,6 +694,7 @@ def decide(inputs: NodeInputs, memo: DecideMemo | None = None) -> Plan:
         memo.changed = None
     memo.context, memo.online, memo.seq = context, online, pods
     memo.reserved, memo.decider, memo.extra, memo.kube = inputs.reserved, decider, {}, kube
+    memo.folded = None
     memo.parsed, memo.pods, memo.merged = kept_parsed, kept_pods, decisions
     last = None
     if survey_before_last is not None and decided_before_last is not None:
@@ -764,6 +768,18 @@ def _folded(inputs: NodeInputs, memo: DecideMemo) -> dict[int, tuple[PodInfo, _E
     ):
         return None
     pods = inputs.pods
+    last = memo.folded
+    if last is not None and last[0] is pods:  # asked again of the same pods: a read ahead of several
+        return last[1]
+    made = _fold(memo, pods, online)
+    memo.folded = (pods, made)
+    return made
+
+
+def _fold(
+    memo: DecideMemo, pods: tuple[PodInfo, ...], online: CPUSet
+) -> dict[int, tuple[PodInfo, _Entry]] | None:
+    """`_folded`'s part that looks at the pods."""
     at, _ = _fold_start(memo, pods, online)
     if len(pods) - at > FAST_SPAN:
         return None

@@ -24,6 +24,8 @@ def _cpus(text: str) -> CPUSet:
     return CPUSet.parse(text)
 
 
+READ_AHEAD_KEPT = 4
+"""Pods whose next create `Policy.read_ahead` reads ahead, at most: the new pod and the newest before."""
 TAKEN_KEPT = 1024
 """Pending containers given a decision read ahead that are remembered at most (`Policy.renamed`)."""
 
@@ -173,11 +175,12 @@ class Policy:
         self._prepared = (state.rules_generation, self._facts_version, self.settings(), ready)
 
     def read_ahead(self, sandbox_id: str) -> bool:
-        """`prepare` a new pod's first create (and again those read ahead before) without making
-        the plan first: the last plan folded over the pods changed since (`decide_added`), which
-        holds when they move no pool. True when the pod's was read; else the plan is the caller's
-        to make."""
-        self.prepare([sandbox_id, *self._prepared[3]])
+        """`prepare` a new pod's first create (and again the newest read ahead before: a kubelet
+        starts pods side by side) without making the plan first: the last plan folded over the
+        pods changed since (`decide_added`), which holds when they move no pool. True when the
+        pod's was read; else the plan is the caller's to make."""
+        before = [sid for sid in self._prepared[3] if sid != sandbox_id]  # the newest first
+        self.prepare([sandbox_id, *before[: READ_AHEAD_KEPT - 1]])
         return sandbox_id in self._prepared[3]
 
     def renamed(self, old_id: str) -> bool:

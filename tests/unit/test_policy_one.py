@@ -14,8 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, Topology
+from cri_proxy.cpu.decide import may_move_pools
 from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
-from cri_proxy.enforce.policy import Policy
+from cri_proxy.enforce.policy import READ_AHEAD_KEPT, Policy
 from cri_proxy.state.model import LIVE_STATES, ContainerRecord, ContainerState, NodeState, PodRecord
 
 TOPOLOGY = Topology.build({0: CPUSet.parse("0-3"), 1: CPUSet.parse("4-7")})
@@ -57,6 +58,18 @@ class OneContainer(RuleBasedStateMachine):
         sid = f"s{self.n}"
         self.pods.append(sid)
         self.state.put_pod(pod_record(sid, kind, cgroup))
+
+    @rule(kind=st.sampled_from(KINDS), cgroup=st.sampled_from(CGROUPS))
+    def run_pod(self, kind: str, cgroup: str) -> None:
+        """A new pod as the RunPodSandbox post hook records it: one that may move no pool has its
+        first create read ahead without a plan (`Policy.read_ahead`), else a plan reads it."""
+        self.new_pod(kind, cgroup)
+        sid = self.pods[-1]
+        pod = self.state.pod(sid)
+        assert pod is not None
+        neutral = not may_move_pools(pod.labels, pod.annotations) and not self.state.has_api_view(pod.uid)
+        if not (neutral and self.policy.read_ahead(sid)):
+            self.plan_and_prepare_now([sid])
 
     @precondition(lambda self: self.pods)
     @rule(data=st.data(), newest=st.booleans())
@@ -207,6 +220,10 @@ class OneContainer(RuleBasedStateMachine):
         """A question about any container (the plan is often made for it: the invariant asks only
         about the newest, so as not to make plans the sequence did not ask for)."""
         self.check(self._container(data))
+
+    @invariant()
+    def read_ahead_for_few_pods(self) -> None:
+        assert len(self.policy._prepared[3]) <= max(READ_AHEAD_KEPT, 3)  # `plan_and_prepare`: 3 at most
 
     @invariant()
     def answers_are_the_whole_plans(self) -> None:
@@ -409,3 +426,21 @@ def test_what_was_read_ahead_is_carried_over_a_start_and_a_reading_only() -> Non
     m.hooked_create_in(sid, "after")  # decides what a fresh policy's whole plan decides
     decision, _ = m.policy.for_container(pod, f"pending/{sid}/after/0")
     assert decision is not None and decision.cpuset == CPUSet.parse("0-1,4-7")
+
+
+def test_new_pods_read_ahead_without_a_plan_the_newest_few() -> None:
+    """Plain pods coming one after another (a kubelet starting a deployment's replicas), each
+    read ahead without a plan: the newest READ_AHEAD_KEPT pods' next creates read what a fresh
+    plan decides, and no more pods are kept read ahead than that."""
+    m = OneContainer()
+    m.plan()
+    before = m.policy._cached
+    for _ in range(READ_AHEAD_KEPT + 2):
+        m.run_pod("plain", CGROUPS[2])
+    assert m.policy._cached is before  # no plan was made
+    newest = m.pods[-READ_AHEAD_KEPT:]
+    assert list(m.policy._prepared[3]) == newest[::-1]  # the newest first
+    for sid in newest:
+        pod = m.state.pod(sid)
+        assert pod is not None and m.policy.before_create(pod, f"pending/{sid}/x/0") is not None
+    m.hooked_create_in(newest[0], "x")  # checked against a fresh plan

@@ -382,6 +382,8 @@ def test_decide_added_over_pods_changed_since_says_what_decide_says_or_nothing(
         new = ContainerInfo(f"{pod.uid}-{name}-{step_no}", name)
         if any(c.id == new.id for p in pods for c in p.containers):
             continue
+        if rnd.random() < 0.5:  # another pod's asked first, of the very same pods: the fold is reused
+            decide_added(memo, rnd.choice(pods), "other", inputs)
         added = decide_added(memo, pod, new.id, inputs)
         if added is None:
             continue
