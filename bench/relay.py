@@ -155,13 +155,14 @@ def hooked_create(
     blocks: int = 5,
     pod_each: bool = False,
     started: bool = False,
-) -> None:
+) -> list[tuple[Target, str]]:
     """CreateContainer (hooked in the proxy) direct and through the proxy, interleaved: added p50,
     and how much of it is the hooks' own time (the proxy's counters) and how much the relay's.
     All in one pod that grows to `n` containers per path, or (`pod_each`) each in a pod of its own,
     made first on the same path and not timed: the kubelet's usual shape, a pod of a few containers.
     `started`: one new pod whose containers are each started on their path after the create (not
-    timed), as a kubelet starts a pod's container before it creates the next."""
+    timed), as a kubelet starts a pod's container before it creates the next. Returns the pods
+    made (`pod_each`), each with its path, for `remove_pods`."""
     from kube import container_config, pod_sandbox_config
 
     path = "/runtime.v1.RuntimeService/CreateContainer"
@@ -183,6 +184,7 @@ def hooked_create(
     }
     d: list[float] = []
     p: list[float] = []
+    made: list[tuple[Target, str]] = []
     # what the proxy injects into a BE container here (the BE pool: every online CPU, none reserved),
     # sent direct too: the runtime then does the same work on both paths (it sets a cpuset), and the
     # proxy finds nothing to re-pin when it adopts the direct ones
@@ -194,6 +196,8 @@ def hooked_create(
             (("d", d_call, d), ("p", p_call, p)) if i % 2 == 0 else (("p", p_call, p), ("d", d_call, d))
         ):
             pod_id, pod = new_pod(name, f"{name}{i}") if pod_each else shared
+            if pod_each:
+                made.append((direct if name == "d" else proxy, pod_id))
             cfg = container_config(pb, pod, f"h{name}{i}")
             if name == "d":
                 cfg.linux.resources.cpuset_cpus = cpus
@@ -239,6 +243,39 @@ def hooked_create(
         f" | proxy CPU {cpu * 1e3:.3f} ms a create{' (with its RunPodSandbox)' if pod_each else ''}",
         flush=True,
     )
+    return made
+
+
+def remove_pods(pods: list[tuple[Target, str]]) -> None:
+    """Stop and remove `pods`, each on its path, and wait until their shims are gone: the next
+    measure starts on a node of the pods it had before, not with hundreds more (a node runs ~110
+    at most), whose shims and clean-up take the CPUs the measure's calls want."""
+    shims = "containerd-shim"
+
+    def count() -> int:
+        return sum(1 for p in Path("/proc").glob("[0-9]*/comm") if _comm(p).startswith(shims))
+
+    def one(pod: tuple[Target, str]) -> None:
+        target, pod_id = pod
+        request = pb.StopPodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString()
+        target.call("/runtime.v1.RuntimeService/StopPodSandbox")(request, timeout=60)
+        request = pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString()
+        target.call("/runtime.v1.RuntimeService/RemovePodSandbox")(request, timeout=60)
+
+    before = count()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, pods))
+    deadline = time.monotonic() + 60
+    while count() > max(0, before - len(pods)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # the runtime's own clean-up after the last one
+
+
+def _comm(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # the process ended meanwhile
+        return ""
 
 
 def populate(address: str, pods: int, per_pod: int, annotation_bytes: int = 0, label: str = "") -> str:
@@ -347,7 +384,7 @@ def run(
     measure("ListContainers (~4 MiB)", rs + "ListContainers", big, direct, proxy, max(30, args.n // 10))
     if args.creates:
         hooked_create(direct, proxy, args.creates, metrics)
-        hooked_create(direct, proxy, args.creates, metrics, pod_each=True)
+        remove_pods(hooked_create(direct, proxy, args.creates, metrics, pod_each=True))
         hooked_create(direct, proxy, args.creates // 2, metrics, started=True)
     print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
 
