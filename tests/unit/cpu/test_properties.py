@@ -210,6 +210,30 @@ def change_pods(
         pods.pop(rnd.randrange(len(pods)))
 
 
+def node_step(
+    step: str,
+    step_no: int,
+    pods: list[PodInfo],
+    spare: list[PodInfo],
+    g: Generated,
+    other: Generated,
+    rnd: random.Random,
+) -> Generated:
+    """One change to the node between calls: `change_pods`' steps, a plain pod (with a container)
+    or a new one (without, as RunPodSandbox adds it), another kubelet state, other reserved CPUs."""
+    if step in ("new-pod", "plain-pod"):  # the kubelet's usual pod: no class label, no allocation
+        uid = f"plain{step_no}"
+        cgroup = rnd.choice(CGROUPS).format(u=uid)
+        containers = (ContainerInfo(f"{uid}-a", "a"),) if step == "plain-pod" else ()
+        pods.append(PodInfo(uid, uid, "ns", cgroup, {}, {}, containers))
+    change_pods(step, pods, spare, rnd, f"grown{step_no}")
+    if step == "kubelet":
+        return replace(g, inputs=replace(g.inputs, kubelet=rnd.choice([other.inputs.kubelet, None])))
+    if step == "reserved":
+        return replace(g, inputs=replace(g.inputs, reserved=other.inputs.reserved))
+    return g
+
+
 @settings(max_examples=300, deadline=None)
 @given(generated(), generated(), st.randoms(use_true_random=False))
 def test_a_memo_follows_pods_coming_and_going_at_the_end(
@@ -255,15 +279,7 @@ def test_decide_one_says_what_decide_says_or_nothing(
     steps += ["append", "grow-any", "replace-last", "drop-last", "drop-any", "kubelet", "reserved"]
     for step_no in range(24):
         step = rnd.choice(steps)
-        if step == "plain-pod":  # the kubelet's usual pod: no class label, no allocation
-            uid = f"plain{step_no}"
-            cgroup = rnd.choice(CGROUPS).format(u=uid)
-            pods.append(PodInfo(uid, uid, "ns", cgroup, {}, {}, (ContainerInfo(f"{uid}-a", "a"),)))
-        change_pods(step, pods, spare, rnd, f"grown{step_no}")
-        if step == "kubelet":
-            g = replace(g, inputs=replace(g.inputs, kubelet=rnd.choice([other.inputs.kubelet, None])))
-        elif step == "reserved":
-            g = replace(g, inputs=replace(g.inputs, reserved=other.inputs.reserved))
+        g = node_step(step, step_no, pods, spare, g, other, rnd)
         inputs = replace(g.inputs, pods=tuple(pods))
         if step == "full":
             last = decide(inputs, memo)
@@ -360,16 +376,7 @@ def test_decide_added_over_pods_changed_since_says_what_decide_says_or_nothing(
     answered = 0
     for step_no in range(24):
         step = rnd.choice(steps)
-        if step in ("new-pod", "plain-pod"):  # the kubelet's usual pod: no class label, no allocation
-            uid = f"plain{step_no}"
-            cgroup = rnd.choice(CGROUPS).format(u=uid)
-            containers = (ContainerInfo(f"{uid}-a", "a"),) if step == "plain-pod" else ()
-            pods.append(PodInfo(uid, uid, "ns", cgroup, {}, {}, containers))
-        change_pods(step, pods, spare, rnd, f"grown{step_no}")
-        if step == "kubelet":
-            g = replace(g, inputs=replace(g.inputs, kubelet=rnd.choice([other.inputs.kubelet, None])))
-        elif step == "reserved":
-            g = replace(g, inputs=replace(g.inputs, reserved=other.inputs.reserved))
+        g = node_step(step, step_no, pods, spare, g, other, rnd)
         inputs = replace(g.inputs, pods=tuple(pods))
         if step == "full":
             last = decide(inputs, memo)
