@@ -753,7 +753,8 @@ def _folded(inputs: NodeInputs, memo: DecideMemo) -> dict[int, tuple[PodInfo, _E
     inputs are that call's and those pods (a few at the end: a new pod, a pod with a new container)
     are `_neutral`, before and after: then the survey, so the pools and everything else a decision
     depends on, is the last call's. None when that is not sure. Kept in `memo.extra` for the next
-    fold; the memo's totals are left as they are."""
+    fold, and in `memo.folded` for a question about the same pods; the memo's totals are left as
+    they are."""
     decider = memo.decider
     online = inputs.topology.online
     if decider is None or memo.folds is None or memo.online != online:
@@ -843,8 +844,8 @@ def decide_added(
     container must have none; then the pools stay the last call's, and the new container gets the
     pod's rule, which does not look at the containers. None otherwise, and when the rule carries a
     problem or pins CPUs (the caller then folds or plans, which says why). Reads the memo, changes
-    nothing but its fold (`memo.extra`): a CreateContainer asks this before its pending record
-    goes in."""
+    nothing but its fold (`memo.extra`, `memo.folded`): a CreateContainer asks this before its
+    pending record goes in."""
     decider, kube = memo.decider, memo.kube
     hit = memo.parsed.get(id(pod))
     if inputs is not None and inputs.pods is not memo.seq:
