@@ -12,14 +12,17 @@ HEADERS of calls it ends, and GOAWAY when it cuts a client off. Those never touc
 HPACK dynamic table and never go inside an open header block.
 
 One exception: a PING the runtime sends while a slow call is open (`methods.SLOW`:
-CreateContainer, RunPodSandbox, PullImage, ...) waits (`held_pings`) until none is, or until the
-adapter's timer says it waited long enough (`answer_pings`), and is then answered by the core
-(PING is hop-by-hop). grpc-go sends one for each request it reads. Passed through at once, in the
-middle of a create, it woke the client and the proxy twice while the runtime worked (0.04-0.16 ms
-more per CreateContainer against containerd on 2 vCPUs); passed to the client after the answer,
-the client's ACK went back through the proxy to the runtime just as the client's next call did
-(the core's ACK instead: 0.09-0.25 ms less per create that follows its RunPodSandbox). During a
-quick read it still passes at once: its ACK is then back before the answer, off the path of the
+CreateContainer, RunPodSandbox, PullImage, ...) is answered by the core (PING is hop-by-hop), and
+its ACK waits (`held_pings`) for the next write that goes to the runtime anyway (`take_runtime`),
+or until the adapter's timer says it waited long enough (`answer_pings`); later PINGs wait behind
+it. grpc-go sends one for each request it reads. Passed through at once, in the middle of a
+create, it woke the client and the proxy twice while the runtime worked (0.04-0.16 ms more per
+CreateContainer against containerd on 2 vCPUs); passed to the client after the answer, the
+client's ACK went back through the proxy to the runtime just as the client's next call did (the
+core's ACK instead: 0.09-0.25 ms less per create that follows its RunPodSandbox); written on its
+own right after the answer, the core's ACK woke the runtime once more per slow call, as the
+client's next call came (riding with that call: 0.02-0.08 ms less per create). During a quick
+read it still passes at once: its ACK is then back before the answer, off the path of the
 client's next call.
 
 Reading an answer comes after writing it: with `answers_later` (the adapter's way) the runtime's
@@ -200,6 +203,8 @@ class LinkCore:
         return out
 
     def take_runtime(self) -> list[Buf]:
+        if self.held_pings and self.out_r:  # the held ACKs ride with a write that goes anyway
+            self._answer_held()
         out, self.out_r = self.out_r, []
         return out
 
@@ -352,8 +357,6 @@ class LinkCore:
             else:
                 out.append(chunk)  # what `win.send` does with no flow and nothing waiting
         self.c_split.keep(buf, end)
-        if self.held_pings and not self._slow_open():
-            self._answer_held()
         if self.own_r:
             self._flush_own_r()
         if self.credit and self._credit_due():
@@ -663,11 +666,9 @@ class LinkCore:
             self.observer(st.path, code, total, max(0.0, now - st.sent_at) if upstream and now else 0.0)
 
     def _after(self) -> None:
-        """What an input may have made due: held PINGs, a stalled stream, credit, our own frames."""
-        if not (self.stalled or self.credit or self.own_r or self.own_c or self.held_pings):
+        """What an input may have made due: a stalled stream, credit, our own frames."""
+        if not (self.stalled or self.credit or self.own_r or self.own_c):
             return
-        if self.held_pings and not self._slow_open():
-            self._answer_held()
         if self.stalled:
             self._unstall(self.stalled)
         if self.credit and self._credit_due():
@@ -961,9 +962,9 @@ class LinkCore:
         return False
 
     def _runtime_ping(self, flags: int, sid: int, buf: Buf, at: int, end: int, start: int) -> bool:
-        """A PING (not an ACK) while a slow call is open, or PINGs wait, waits for the core's ACK until
-        no slow call is open (see the module's docstring): later ones keep their order. False when
-        held."""
+        """A PING (not an ACK) while a slow call is open, or PINGs wait, waits for the core's ACK,
+        which goes with the next write to the runtime (see the module's docstring): later ones keep
+        their order. False when held."""
         if flags & wire.ACK or sid != 0 or end - at != wire.HEADER_LEN + 8:
             return True  # an ACK of the client's, or a malformed one: the client judges it
         self._span(buf, start, at)
@@ -973,12 +974,12 @@ class LinkCore:
         return False
 
     def _slow_open(self) -> bool:
-        """Whether a slow call is open (asked once per PING, and while PINGs wait)."""
+        """Whether a slow call is open (asked once per PING)."""
         return any(st.slow for st in self.streams.values())
 
     def _answer_held(self) -> None:
-        """No slow call is open any more, or the PINGs waited long enough: the core ACKs them, in
-        order (the client never sees them)."""
+        """Something goes to the runtime anyway, or the PINGs waited long enough: the core ACKs
+        them, in order (the client never sees them)."""
         held, self.held_pings = self.held_pings, []
         for payload in held:
             self._own_to_runtime(wire.frame(wire.PING, wire.ACK, 0, payload))

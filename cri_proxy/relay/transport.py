@@ -27,7 +27,7 @@ from cri_proxy.relay.methods import KNOWN
 
 CONNECT_TIMEOUT = 5.0
 WRITE_BUFFER_HIGH = 1 << 20  # a side's unsent bytes beyond which the other side is not read
-PING_WAIT = 1.0  # seconds a runtime PING may wait for slow calls to end before the core answers it
+PING_WAIT = 1.0  # seconds a runtime PING may wait for a write to the runtime before the core answers it
 
 
 class FrameRelay:

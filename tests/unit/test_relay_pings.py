@@ -1,7 +1,8 @@
-"""The runtime's PINGs while a slow call (`methods.SLOW`) is open: held by the core until none is,
-or until they waited PING_WAIT (the adapter's timer), or too many wait, then answered by the core;
-the client never sees them. During a quick read they pass at once (the client's ACK goes back).
-First on a LinkCore between two `h2` peers, then on real sockets."""
+"""The runtime's PINGs while a slow call (`methods.SLOW`) is open: answered by the core, the ACKs
+held until the next write to the runtime (they ride with it), or until they waited PING_WAIT (the
+adapter's timer), or too many wait; the client never sees them. During a quick read they pass at
+once (the client's ACK goes back). First on a LinkCore between two `h2` peers, then on real
+sockets."""
 
 from __future__ import annotations
 
@@ -117,29 +118,43 @@ def test_a_ping_during_a_quick_read_goes_to_the_client_at_once() -> None:
     assert not pair.core.held_pings
 
 
-def test_a_ping_during_a_slow_call_waits_for_the_answer_then_the_core_answers_it() -> None:
+def test_a_ping_during_a_slow_call_is_answered_by_the_core_with_the_next_call() -> None:
     """Passed to the client with the answer, its ACK would come back with the client's next call
-    and go to the runtime just ahead of it: the core's ACK goes with the answer instead."""
+    and go to the runtime just ahead of it; written on its own after the answer, the core's ACK
+    would wake the runtime once more. It rides with the client's next call instead: no write of
+    its own."""
     pair = Pair()
     sid = pair.call()
     pair.ping(b"busy-001")
     assert pair.client_pings() == [] and pair.runtime_acks() == []
     assert pair.core.held_pings == [b"busy-001"]
     pair.answer(sid)
-    assert pair.client_pings() == []
-    assert pair.runtime_acks() == [b"busy-001"]
     assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == sid for e in pair.client_events)
-    assert not pair.core.held_pings
+    assert pair.client_pings() == [] and pair.runtime_acks() == []
+    assert pair.core.held_pings == [b"busy-001"]
+    nxt = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(nxt, request_headers(VERSION))
+    pair.client.send_data(nxt, BODY, end_stream=True)
+    pair.core.receive_from_client(pair.client.data_to_send())
+    write = pair.core.take_runtime()  # one write: the call, and the ACK with it
+    events = pair.runtime.receive_data(b"".join(bytes(c) for c in write))
+    kinds = [type(e) for e in events]
+    assert h2.events.RequestReceived in kinds and h2.events.PingAckReceived in kinds
+    assert [e.ping_data for e in events if isinstance(e, h2.events.PingAckReceived)] == [b"busy-001"]
+    assert not pair.core.held_pings and pair.client_pings() == []
 
 
 def test_held_pings_are_answered_before_later_ones() -> None:
     """A PING held during the call, then the answer and another PING in one read: the later one
-    waits behind the held one, and the core answers both, in the runtime's order."""
+    waits behind the held one, and the core answers both, in the runtime's order, with the next
+    write to the runtime."""
     pair = Pair()
     sid = pair.call()
     pair.ping(b"first-01")
     together = pair.answer(sid, send=False) + pair.ping(b"second-2", send=False)
     pair.move(together)
+    assert pair.client_pings() == [] and pair.runtime_acks() == []
+    pair.call(VERSION)
     assert pair.client_pings() == []
     assert pair.runtime_acks() == [b"first-01", b"second-2"]
 
@@ -234,7 +249,7 @@ def test_a_call_the_runtime_holds_gets_its_ping_answered_within_ping_wait(
 ) -> None:
     """A long call (an image pull): the runtime's PING is answered by the proxy after PING_WAIT,
     not held for the call's length (grpc-go's keepalive would close the connection); the client
-    never sees it. A short call's PING is answered by the proxy with the answer."""
+    never sees it. A short call's PING is answered by the proxy with the client's next call."""
     monkeypatch.setattr(transport, "PING_WAIT", 0.2)
 
     async def main() -> None:
@@ -257,11 +272,15 @@ def test_a_call_the_runtime_holds_gets_its_ping_answered_within_ping_wait(
                 assert await client.until(status_of(sid)) == "0"
                 assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
 
+                monkeypatch.setattr(transport, "PING_WAIT", 60.0)  # no timer from here on
                 again = client.request(CREATE, BODY)
                 await runtime.until(of(h2.events.StreamEnded, stream_id=again))
                 runtime.answer(again)
-                await runtime.until(of(h2.events.PingAckReceived, ping_data=b"slow-002"))
                 assert await client.until(status_of(again)) == "0"
+                acked = [e for e in runtime.events if isinstance(e, h2.events.PingAckReceived)]
+                assert [e.ping_data for e in acked] == [b"slow-001"]  # slow-002 waits for a write
+                client.request(VERSION, BODY)  # the next call takes the ACK with it
+                await runtime.until(of(h2.events.PingAckReceived, ping_data=b"slow-002"))
                 assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
                 client.close()
             finally:
