@@ -21,6 +21,7 @@ from cri_proxy.relay import inline, standin
 from cri_proxy.relay.core import CancelPre, Event, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
 from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.forward import CallObserver
+from cri_proxy.relay.heap import HeapTrim, malloc_trim
 from cri_proxy.relay.hookrun import CODES, Forward, HookRunner, PreOutcome
 from cri_proxy.relay.hooks import FailPolicy, HookTable
 from cri_proxy.relay.methods import KNOWN
@@ -58,6 +59,7 @@ class FrameRelay:
         )
         self.budget = Budget(config.relay_buffer_total_bytes)
         self.links: set[Link] = set()
+        self.heap = HeapTrim(malloc_trim())
         self.measured: list[tuple[str, int, float, float]] = []  # calls ended, not yet observed
         self._server: asyncio.AbstractServer | None = None
 
@@ -102,6 +104,7 @@ class FrameRelay:
         loop = asyncio.get_running_loop()
         if self._server is not None:
             self._server.close()
+        self.heap.cancel()
         for link in list(self.links):
             link.go_away()
         deadline = loop.time() + grace
@@ -257,6 +260,7 @@ class Link(asyncio.Protocol):
             self.relay.report()
         if self.runtime is not None:
             self.runtime.close()
+        self.relay.heap.closed()
 
     def pause_writing(self) -> None:
         if self.runtime is not None:
