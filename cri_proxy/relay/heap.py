@@ -95,7 +95,10 @@ class HeapTrim:
     def _ended(self, future: asyncio.Future[int], before: int) -> None:
         self.pending = None
         self.last = asyncio.get_running_loop().time()
-        if future.cancelled() or future.exception() is not None:
+        if future.cancelled():
+            return
+        if future.exception() is not None:
+            logger.debug("heap trim failed: {}", future.exception())
             return
         self.trims += 1
         self.floor = self.rss()
