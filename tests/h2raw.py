@@ -19,6 +19,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+from hpack import Encoder
 
 
 def recv_before(sock: socket.socket, deadline: float, size: int) -> bytes | None:
@@ -458,3 +459,25 @@ class RawH2:
         except OSError:
             return False
         return self.wait(lambda: data in self.ping_acks, timeout)
+
+
+def never_reading_client(path: Path, seconds: float) -> int:
+    """Tiny Version calls as fast as they are taken for `seconds`, no answer ever read: calls sent."""
+    encoder, sid = Encoder(), 1
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(path))
+        s.sendall(PREFACE + settings_frame())
+        s.settimeout(0.5)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            block = bytes(
+                encoder.encode(request_headers("/runtime.v1.RuntimeService/Version"), huffman=False)
+            )
+            request = frame(HEADERS, END_HEADERS, sid, block)
+            request += frame(DATA, END_STREAM, sid, grpc_message(b""))
+            try:
+                s.sendall(request)
+            except (TimeoutError, OSError):
+                break
+            sid += 2
+    return (sid - 1) // 2

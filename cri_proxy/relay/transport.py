@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -29,6 +30,8 @@ from cri_proxy.relay.methods import KNOWN
 CONNECT_TIMEOUT = 5.0
 WRITE_BUFFER_HIGH = 1 << 20  # a side's unsent bytes beyond which the other side is not read
 PING_WAIT = 1.0  # seconds a runtime PING may wait for a write to the runtime before the core answers it
+CLOSE_WAIT = 5.0  # seconds a closed side has to take what is still written to it; then it is dropped
+GONE_CHECK = 1.0  # seconds between two looks at whether a client not read meanwhile has hung up
 
 
 class FrameRelay:
@@ -158,6 +161,7 @@ class Link(asyncio.Protocol):
         self.runtime_full = False  # the runtime's transport buffer is full
         self.decode_soon: asyncio.Handle | None = None  # the next step of a big header block's decoding
         self.ping_due: asyncio.TimerHandle | None = None  # when the runtime's held PINGs get answered
+        self.gone_check: asyncio.TimerHandle | None = None  # while the client is not read
         self.pres: dict[int, asyncio.Future[PreOutcome]] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
 
@@ -197,7 +201,7 @@ class Link(asyncio.Protocol):
         answered = self.stand_in.answered
         self.client.writelines(self.stand_in.receive(data))
         if self.stand_in.broken:
-            self.client.close()
+            shut(self.client, CLOSE_WAIT)
         elif answered == 0 and self.stand_in.answered and self.timer is not None:
             self.timer.cancel()
             self.timer = asyncio.get_running_loop().call_later(standin.LINGER, self._stand_in_done)
@@ -205,7 +209,7 @@ class Link(asyncio.Protocol):
     def _stand_in_done(self) -> None:
         if self.stand_in is not None and self.client is not None and not self.client.is_closing():
             self.client.write(self.stand_in.finish())
-            self.client.close()
+            shut(self.client, CLOSE_WAIT)
 
     def runtime_up(self, transport: asyncio.Transport) -> None:
         if self.closed:
@@ -254,12 +258,16 @@ class Link(asyncio.Protocol):
             self.decode_soon.cancel()
         if self.ping_due is not None:
             self.ping_due.cancel()
+        if self.gone_check is not None:
+            self.gone_check.cancel()
         self.core.client_lost()
         self._events()
         if self.relay.measured:
             self.relay.report()
-        if self.runtime is not None:
-            self.runtime.close()
+        # what is still to go to the runtime is the requests of a client that is gone: dropped at
+        # once (the runtime would cancel them), not kept, with the socket, while the runtime reads
+        # nothing (it does not when its answers to that client cannot be written)
+        shut(self.runtime, 0.0)
         self.relay.heap.closed()
 
     def pause_writing(self) -> None:
@@ -282,10 +290,8 @@ class Link(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
-        if self.client is not None:
-            self.client.close()
-        if self.runtime is not None:
-            self.runtime.close()
+        shut(self.client, CLOSE_WAIT)
+        shut(self.runtime, CLOSE_WAIT)
 
     # -- moving what the core says ------------------------------------------------------------------
     def flush(self) -> None:
@@ -361,6 +367,19 @@ class Link(asyncio.Protocol):
         elif not want and not self.paused:
             self.paused = True
             self.client.pause_reading()
+            if self.gone_check is None:
+                self.gone_check = asyncio.get_running_loop().call_later(GONE_CHECK, self._client_gone)
+
+    def _client_gone(self) -> None:
+        """A client that is not read would hang up unseen (its end of file waits behind the bytes not
+        read), and the link with all it holds would stay for good: its socket is asked directly."""
+        self.gone_check = None
+        if self.closed or not self.paused or self.client is None:
+            return
+        if hung_up(self.client):
+            self.client.abort()  # what it sent and what it was owed go with it; connection_lost follows
+        else:
+            self.gone_check = asyncio.get_running_loop().call_later(GONE_CHECK, self._client_gone)
 
     def _events(self) -> None:
         for event in self.core.take_events():
@@ -430,6 +449,29 @@ class Link(asyncio.Protocol):
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+
+def shut(transport: asyncio.Transport | None, wait: float) -> None:
+    """Close `transport`. What it still holds is written if its peer reads it within `wait` seconds,
+    else dropped: a peer that never reads would keep it, and the socket, open for good."""
+    if transport is None:
+        return
+    transport.close()
+    if transport.get_write_buffer_size():
+        if wait <= 0:
+            transport.abort()
+        else:
+            asyncio.get_running_loop().call_later(wait, transport.abort)
+
+
+def hung_up(transport: asyncio.Transport) -> bool:
+    """Whether the peer of `transport`'s socket has closed it, asked without reading a byte."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLRDHUP)
+    return any(mask & (select.POLLRDHUP | select.POLLHUP) for _, mask in poller.poll(0))
 
 
 def bind_unix(path: str) -> socket.socket:

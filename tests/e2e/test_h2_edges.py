@@ -31,7 +31,6 @@ except ImportError:  # run as `pytest tests/e2e/...` without the repository on s
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests import h2raw
 
-from hpack import Encoder
 from hpack.hpack import encode_integer
 
 pytestmark = pytest.mark.e2e
@@ -329,26 +328,6 @@ def test_flood_ignoring_flow_control_without_reading(sockets: dict[str, Path]) -
     same(sockets, scenario)
 
 
-def _never_reading_client(path: Path, seconds: float) -> int:
-    """Tiny Version calls as fast as they are taken for `seconds`, no answer ever read: calls sent."""
-    encoder, sid = Encoder(), 1
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(str(path))
-        s.sendall(h2raw.PREFACE + h2raw.settings_frame())
-        s.settimeout(0.5)
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            block = bytes(encoder.encode(h2raw.request_headers(VERSION), huffman=False))
-            request = h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, sid, block)
-            request += h2raw.frame(h2raw.DATA, h2raw.END_STREAM, sid, h2raw.grpc_message(b""))
-            try:
-                s.sendall(request)
-            except (TimeoutError, OSError):
-                break
-            sid += 2
-    return (sid - 1) // 2
-
-
 def _rss(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -358,10 +337,10 @@ def test_the_proxy_gives_back_what_a_client_that_never_reads_cost(edges_proxy: P
     gone, the RSS comes back near where it was: the heap is trimmed (without that, 12-16 MiB stay)."""
     assert edges_proxy.proc is not None
     pid = edges_proxy.proc.pid
-    _never_reading_client(edges_proxy.socket, 0.5)  # the one-off growth of a first such client
+    h2raw.never_reading_client(edges_proxy.socket, 0.5)  # the one-off growth of a first such client
     time.sleep(1.5)
     baseline = _rss(pid)
-    calls = _never_reading_client(edges_proxy.socket, 3.0)
+    calls = h2raw.never_reading_client(edges_proxy.socket, 3.0)
     assert calls > 20000, calls
     deadline = time.monotonic() + 15  # a trim waits 1 s after a close, 10 s after the last trim
     while _rss(pid) - baseline >= 6 << 20:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import select
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -19,11 +21,13 @@ import h2.events
 import h2.settings
 import pytest
 from google.protobuf.message import Message
+from hpack import Encoder
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.relay import wire
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.methods import MethodInfo
+from tests import h2raw
 from tests.h2raw import request_headers
 from tests.unit.relay_support import bed, run
 
@@ -368,6 +372,51 @@ def test_calls_open_when_the_runtime_is_lost_run_their_failed_hooks() -> None:
             while len(failed) < 3 and loop.time() < deadline:
                 await asyncio.sleep(0.01)
             assert failed == [grpc.StatusCode.UNAVAILABLE] * 3
+
+    run(main())
+
+
+def test_a_runtime_that_reads_nothing_is_let_go_when_the_client_leaves() -> None:
+    """The relay holds requests for a runtime that stopped reading; once their client has gone they
+    are dropped and the runtime connection closed at once, not kept (with its socket) while the
+    relay waits to write them to a runtime that never reads again."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with bed(start_runtime=False) as b:
+            listener = socket.socket(socket.AF_UNIX)
+            listener.bind(b.runtime_endpoint.removeprefix("unix://"))
+            listener.listen()
+            listener.setblocking(False)
+            client = socket.socket(socket.AF_UNIX)
+            client.setblocking(False)
+            await loop.sock_connect(client, b.proxy_endpoint.removeprefix("unix://"))
+            runtime, _ = await asyncio.wait_for(loop.sock_accept(listener), 5)
+            block = bytes(Encoder().encode(request_headers(VERSION), huffman=False))
+            start = (
+                h2raw.PREFACE
+                + h2raw.settings_frame()
+                + h2raw.frame(h2raw.HEADERS, h2raw.END_HEADERS, 1, block)
+            )
+            await loop.sock_sendall(client, start)
+            piece = h2raw.frame(h2raw.DATA, 0, 1, bytes(16384)) * 64  # 1 MiB, windows or not
+            for _ in range(8):  # until the relay stops taking them: the runtime reads nothing
+                try:
+                    await asyncio.wait_for(loop.sock_sendall(client, piece), 1)
+                except TimeoutError:
+                    break
+            assert b.relay.frames is not None
+            [link] = b.relay.frames.links
+            assert link.runtime is not None and link.runtime.get_write_buffer_size() > 0
+            client.close()
+            poller = select.poll()
+            poller.register(runtime, select.POLLRDHUP)
+            deadline = loop.time() + 3
+            while not poller.poll(0):  # the runtime's end sees the close without reading a byte
+                assert loop.time() < deadline, "the relay kept the runtime connection of a client that left"
+                await asyncio.sleep(0.01)
+            runtime.close()
+            listener.close()
 
     run(main())
 

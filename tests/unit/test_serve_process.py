@@ -17,6 +17,7 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
+from tests.h2raw import never_reading_client
 from tests.processes import (
     CLI,
     ctl_json,
@@ -26,6 +27,7 @@ from tests.processes import (
     start_proxy,
     stop,
     wait_for_socket,
+    wait_until,
 )
 
 
@@ -237,3 +239,30 @@ def test_enforcement_flags_take_effect(tmp_path: Path, fake: Path) -> None:
         assert plan["containers"][cid]["cpuset_cpus"] == "14-15"  # --system-cpus
     finally:
         stop(proc, 15)
+
+
+def _rss(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_client_that_never_reads_leaves_nothing_behind(tmp_path: Path, fake: Path) -> None:
+    """In front of the bundled runtime (which stops reading while its answers cannot be written),
+    such a client made the proxy keep its runtime connection and ~20 MiB for good. Once it has gone
+    the proxy's sockets are back at once and its RSS within 6 MiB of before."""
+    proc, sock = _serve(tmp_path, fake)
+    try:
+        never_reading_client(sock, 0.5)  # the one-off growth of a first such client
+        fds = lambda: len(os.listdir(f"/proc/{proc.pid}/fd"))  # noqa: E731
+        wait_until(lambda: fds() <= 30, timeout=5, what="the first client's sockets closed")
+        time.sleep(1.5)
+        before, rss = fds(), _rss(proc.pid)
+        calls = never_reading_client(sock, 3.0)
+        assert calls > 10000, calls
+        wait_until(lambda: fds() <= before, timeout=5, what=f"the proxy's {before} open files back")
+        wait_until(
+            lambda: _rss(proc.pid) - rss < 6 << 20,
+            timeout=15,
+            what=f"the proxy's RSS back within 6 MiB of {rss / 2**20:.1f} MiB after {calls} calls",
+        )
+    finally:
+        stop(proc)
