@@ -25,6 +25,11 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident set of process `pid`."""
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def socket_answers(path: Path) -> bool:
     if not path.exists():
         return False

@@ -10,7 +10,6 @@ Every read has a deadline; no case waits longer than a few seconds for an answer
 from __future__ import annotations
 
 import gzip
-import os
 import socket
 import sys
 import time
@@ -30,8 +29,9 @@ try:
 except ImportError:  # run as `pytest tests/e2e/...` without the repository on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests import h2raw
-
 from hpack.hpack import encode_integer
+
+from tests.processes import rss_bytes
 
 pytestmark = pytest.mark.e2e
 
@@ -328,10 +328,6 @@ def test_flood_ignoring_flow_control_without_reading(sockets: dict[str, Path]) -
     same(sockets, scenario)
 
 
-def _rss(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_the_proxy_gives_back_what_a_client_that_never_reads_cost(edges_proxy: ProxyProcess) -> None:
     """Such a client has the proxy hold ~25 MiB (its streams, answers it does not read). Once it has
     gone, the RSS comes back near where it was: the heap is trimmed (without that, 12-16 MiB stay)."""
@@ -339,13 +335,13 @@ def test_the_proxy_gives_back_what_a_client_that_never_reads_cost(edges_proxy: P
     pid = edges_proxy.proc.pid
     h2raw.never_reading_client(edges_proxy.socket, 0.5)  # the one-off growth of a first such client
     time.sleep(1.5)
-    baseline = _rss(pid)
+    baseline = rss_bytes(pid)
     calls = h2raw.never_reading_client(edges_proxy.socket, 3.0)
     assert calls > 20000, calls
     deadline = time.monotonic() + 15  # a trim waits 1 s after a close, 10 s after the last trim
-    while _rss(pid) - baseline >= 6 << 20:
+    while rss_bytes(pid) - baseline >= 6 << 20:
         assert time.monotonic() < deadline, (
-            f"the proxy's RSS stayed at {_rss(pid) / 2**20:.1f} MiB after {calls} calls "
+            f"the proxy's RSS stayed at {rss_bytes(pid) / 2**20:.1f} MiB after {calls} calls "
             f"(before: {baseline / 2**20:.1f} MiB)"
         )
         time.sleep(0.1)

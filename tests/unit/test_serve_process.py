@@ -21,6 +21,7 @@ from tests.h2raw import never_reading_client
 from tests.processes import (
     CLI,
     ctl_json,
+    rss_bytes,
     serve_command,
     start,
     start_fake_runtime,
@@ -241,10 +242,6 @@ def test_enforcement_flags_take_effect(tmp_path: Path, fake: Path) -> None:
         stop(proc, 15)
 
 
-def _rss(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_a_client_that_never_reads_leaves_nothing_behind(tmp_path: Path, fake: Path) -> None:
     """In front of the bundled runtime (which stops reading while its answers cannot be written),
     such a client made the proxy keep its runtime connection and ~20 MiB for good. Once it has gone
@@ -255,12 +252,12 @@ def test_a_client_that_never_reads_leaves_nothing_behind(tmp_path: Path, fake: P
         fds = lambda: len(os.listdir(f"/proc/{proc.pid}/fd"))  # noqa: E731
         wait_until(lambda: fds() <= 30, timeout=5, what="the first client's sockets closed")
         time.sleep(1.5)
-        before, rss = fds(), _rss(proc.pid)
+        before, rss = fds(), rss_bytes(proc.pid)
         calls = never_reading_client(sock, 3.0)
         assert calls > 10000, calls
         wait_until(lambda: fds() <= before, timeout=5, what=f"the proxy's {before} open files back")
         wait_until(
-            lambda: _rss(proc.pid) - rss < 6 << 20,
+            lambda: rss_bytes(proc.pid) - rss < 6 << 20,
             timeout=15,
             what=f"the proxy's RSS back within 6 MiB of {rss / 2**20:.1f} MiB after {calls} calls",
         )
