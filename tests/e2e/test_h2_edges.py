@@ -330,7 +330,7 @@ def test_flood_ignoring_flow_control_without_reading(sockets: dict[str, Path]) -
 
 def test_the_proxy_gives_back_what_a_client_that_never_reads_cost(edges_proxy: ProxyProcess) -> None:
     """Such a client has the proxy hold ~25 MiB (its streams, answers it does not read). Once it has
-    gone, the RSS comes back near where it was: the heap is trimmed (without that, 12-16 MiB stay)."""
+    gone, the RSS comes back near where it was: the heap is trimmed (without that, 8-16 MiB stay)."""
     assert edges_proxy.proc is not None
     pid = edges_proxy.proc.pid
     h2raw.never_reading_client(edges_proxy.socket, 0.5)  # the one-off growth of a first such client
