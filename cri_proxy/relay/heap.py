@@ -74,14 +74,16 @@ class HeapTrim:
         self.pending: asyncio.TimerHandle | asyncio.Future[int] | None = None
         self.trims = 0
 
-    def closed(self) -> None:
-        """A connection closed: look at the RSS `wait` later (one look at a time)."""
+    def look(self) -> None:
+        """Something that held memory has ended (a connection closed; in relay mode "grpc", whose
+        connections are grpcio's, every `EVERY` seconds): look at the RSS `wait` later, one look at
+        a time."""
         if self.trim is None or self.pending is not None:
             return
         loop = asyncio.get_running_loop()
-        self.pending = loop.call_at(max(loop.time() + self.wait, self.last + self.every), self._look)
+        self.pending = loop.call_at(max(loop.time() + self.wait, self.last + self.every), self._measure)
 
-    def _look(self) -> None:
+    def _measure(self) -> None:
         self.pending = None
         before = self.rss()
         self.floor = min(self.floor, before)  # what was given back on its own counts too
@@ -103,7 +105,7 @@ class HeapTrim:
         self.trims += 1
         self.floor = self.rss()
         logger.debug(
-            "heap trimmed after a connection closed: RSS {:.1f} -> {:.1f} MiB",
+            "heap trimmed: RSS {:.1f} -> {:.1f} MiB",
             before / 2**20,
             self.floor / 2**20,
         )
@@ -114,3 +116,9 @@ class HeapTrim:
             self.pending.cancel()
         self.pending = None
         self.trim = None
+
+    async def look_every(self, period: float = EVERY) -> None:
+        """`look()` every `period` seconds, until cancelled: where no connection's end is seen."""
+        while True:
+            await asyncio.sleep(period)
+            self.look()

@@ -17,6 +17,7 @@ from cri_proxy.config import Config
 from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, secure_socket, socket_path
 from cri_proxy.errors import EndpointError
 from cri_proxy.relay.forward import FailPolicy, Forwarder
+from cri_proxy.relay.heap import HeapTrim, malloc_trim
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.transport import FrameRelay, bind_unix
 
@@ -78,6 +79,10 @@ class Relay:
                 lambda: self.forwarder.observer,
                 runner=self.forwarder.runner,
             )
+        # the heap given back (heap.py): after each connection in "frames" mode, every `EVERY` seconds
+        # in "grpc" mode, whose connections are grpcio's and end unseen
+        self.heap = self.frames.heap if self.frames is not None else HeapTrim(malloc_trim())
+        self._heap_looks: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.frames is not None and self._socket is not None:  # relay_mode "frames"
@@ -110,6 +115,9 @@ class Relay:
         else:
             self._bind()
         await self.server.start()
+        self._heap_looks = asyncio.get_running_loop().create_task(
+            self.heap.look_every(), name="cri-proxy heap"
+        )
         logger.info("cri-proxy serving on {} -> runtime {}", self.config.listen, self.config.runtime_endpoint)
 
     def _remove_socket(self) -> None:
@@ -137,6 +145,9 @@ class Relay:
         if self.frames is not None:  # relay_mode "frames"
             await self.frames.stop(grace)
         else:
+            if self._heap_looks is not None:
+                self._heap_looks.cancel()
+            self.heap.cancel()
             await self.server.stop(grace)
         await self.channel.close(None)
         self._remove_socket()

@@ -268,7 +268,7 @@ class Link(asyncio.Protocol):
         # once (the runtime would cancel them), not kept, with the socket, while the runtime reads
         # nothing (it does not when its answers to that client cannot be written)
         shut(self.runtime, 0.0)
-        self.relay.heap.closed()
+        self.relay.heap.look()
 
     def pause_writing(self) -> None:
         if self.runtime is not None:

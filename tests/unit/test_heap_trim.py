@@ -44,7 +44,7 @@ def test_no_trim_while_the_rss_stays_within_the_slack() -> None:
         fake = Heap(100 * MiB)
         heap = HeapTrim(fake.trim, fake.rss, slack=4 * MiB, wait=0.01, every=0.0)
         fake.now += 4 * MiB  # grown, but not past the slack
-        heap.closed()
+        heap.look()
         await settled(heap)
         assert (fake.runs, heap.trims) == (0, 0)
 
@@ -57,11 +57,11 @@ def test_a_close_that_leaves_the_heap_grown_trims_it_once_and_moves_the_floor() 
         heap = HeapTrim(fake.trim, fake.rss, slack=4 * MiB, wait=0.01, every=0.0)
         fake.now, fake.live = 130 * MiB, 103 * MiB  # 27 MiB up, 3 of it live
         for _ in range(5):  # connections closing together: one look
-            heap.closed()
+            heap.look()
         await settled(heap)
         assert (fake.runs, heap.trims, heap.floor) == (1, 1, 103 * MiB)
         fake.now = 106 * MiB  # within the slack of the new floor
-        heap.closed()
+        heap.look()
         await settled(heap)
         assert fake.runs == 1
 
@@ -75,11 +75,11 @@ def test_the_floor_follows_the_rss_down() -> None:
         fake = Heap(100 * MiB)
         heap = HeapTrim(fake.trim, fake.rss, slack=4 * MiB, wait=0.0, every=0.0)
         fake.now = fake.live = 90 * MiB
-        heap.closed()
+        heap.look()
         await settled(heap)
         assert (fake.runs, heap.floor) == (0, 90 * MiB)
         fake.now = 99 * MiB  # within the slack of the first mark, past it from the lower one
-        heap.closed()
+        heap.look()
         await settled(heap)
         assert (fake.runs, heap.floor) == (1, 90 * MiB)
 
@@ -91,11 +91,11 @@ def test_trims_are_spaced_by_every() -> None:
         fake = Heap(100 * MiB)
         heap = HeapTrim(fake.trim, fake.rss, slack=MiB, wait=0.0, every=0.3)
         fake.now = 120 * MiB
-        heap.closed()
+        heap.look()
         await settled(heap)
         first = asyncio.get_running_loop().time()
         fake.now = 140 * MiB
-        heap.closed()
+        heap.look()
         await settled(heap)
         assert fake.runs == 2
         assert asyncio.get_running_loop().time() - first >= 0.3 - 0.01
@@ -108,11 +108,11 @@ def test_a_failing_trim_is_not_counted_and_the_next_close_looks_again() -> None:
         fake = Heap(100 * MiB)
         heap = HeapTrim(fake.trim, fake.rss, slack=MiB, wait=0.0, every=0.0)
         fake.now, fake.fail = 120 * MiB, True
-        heap.closed()
+        heap.look()
         await settled(heap)
         assert (fake.runs, heap.trims, heap.floor) == (1, 0, 100 * MiB)
         fake.fail = False
-        heap.closed()
+        heap.look()
         await settled(heap)
         assert (fake.runs, heap.trims, fake.now) == (2, 1, 100 * MiB)
 
@@ -124,13 +124,13 @@ def test_without_malloc_trim_or_once_cancelled_nothing_is_scheduled() -> None:
         fake = Heap(100 * MiB)
         fake.now = 200 * MiB
         absent = HeapTrim(None, fake.rss, wait=0.0)
-        absent.closed()
+        absent.look()
         assert absent.pending is None
         heap = HeapTrim(fake.trim, fake.rss, slack=MiB, wait=0.05, every=0.0)
-        heap.closed()
+        heap.look()
         assert heap.pending is not None
         heap.cancel()
-        heap.closed()
+        heap.look()
         await asyncio.sleep(0.1)
         assert (fake.runs, heap.pending) == (0, None)
 
