@@ -7,7 +7,8 @@ collection (which empties those lists), then glibc's `malloc_trim` on a worker t
 go of the interpreter lock), brought it back to within 3 MiB (the trim alone: 4 MiB of the 15). Both
 run only when the RSS, `WAIT` after a connection closed, is more than `SLACK` above where the last
 trim left it, and at most once every `EVERY` seconds: a proxy whose clients come and go without
-leaving anything behind never pays for it.
+leaving anything behind never pays for it. In relay mode "grpc" the connections are grpcio's and
+their ends are not seen: the RSS is looked at every `EVERY` seconds instead.
 """
 
 from __future__ import annotations
