@@ -23,6 +23,8 @@ from common import rss_kib, start_proxy
 from hpack import Encoder
 from hyperframe.frame import ContinuationFrame, DataFrame, HeadersFrame, SettingsFrame
 
+from tests.h2raw import never_reading_client
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PATH = "/runtime.v1.RuntimeService/Version"
 MiB = 1 << 20
@@ -83,17 +85,7 @@ def flood_ignoring_flow(path: str, seconds: float) -> str:
 
 def never_reads_respecting_flow(path: str, seconds: float) -> str:
     """Complete tiny Version calls as fast as possible, never reading a response."""
-    s, enc, sid = connect(path), Encoder(), [1]
-
-    def chunk() -> bytes:
-        out = HeadersFrame(sid[0], data=request_headers(enc), flags=["END_HEADERS"]).serialize()
-        out += DataFrame(sid[0], data=b"\0\0\0\0\0", flags=["END_STREAM"]).serialize()
-        sid[0] += 2
-        return out
-
-    n = send_until(s, chunk, seconds, 64 * MiB)
-    s.close()
-    return f"sent {n / MiB:.1f} MiB, {(sid[0] - 1) // 2} calls"
+    return f"{never_reading_client(Path(path), seconds)} calls"
 
 
 def big_header_blocks(path: str, seconds: float) -> str:

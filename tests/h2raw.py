@@ -461,15 +461,16 @@ class RawH2:
         return self.wait(lambda: data in self.ping_acks, timeout)
 
 
-def never_reading_client(path: Path, seconds: float) -> int:
-    """Tiny Version calls as fast as they are taken for `seconds`, no answer ever read: calls sent."""
+def never_reading_client(path: Path, seconds: float, most: int | None = None) -> int:
+    """Tiny Version calls as fast as they are taken for `seconds` (and `most` of them), no answer ever
+    read: calls sent."""
     encoder, sid = Encoder(), 1
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(str(path))
         s.sendall(PREFACE + settings_frame())
         s.settimeout(0.5)
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while time.monotonic() < end and (most is None or sid // 2 < most):
             block = bytes(
                 encoder.encode(request_headers("/runtime.v1.RuntimeService/Version"), huffman=False)
             )
