@@ -1,21 +1,23 @@
 """Prometheus metrics: calls and latency from the relay, the rest read from the live objects.
 
-Counters on the hot path only where a call happens (calls, latency); everything that is state
-(pods, containers, problems, reconcile totals, injections) is read at scrape time. No `*_created`
-series: they double the series count and say nothing a restart time would not.
+On a call's path only its figures are kept (`CallMetrics.observe`), counted in batches; everything
+that is state (pods, containers, problems, reconcile totals, injections) is read at scrape time.
+No `*_created` series: they double the series count and say nothing a restart time would not.
 """
 
 from __future__ import annotations
 
 import platform
+from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import INF, floatToGoString
 
 from cri_proxy import __version__
 from cri_proxy.relay.methods import KNOWN
@@ -32,62 +34,107 @@ def method_label(path: str) -> str:
     return f"{info.service}/{info.name}" if info is not None else "other"
 
 
-class CallMetrics:
-    """What the relay records per call: count by method and code, total and runtime time."""
+class CallMetrics(Collector):
+    """What the relay records per call: count by method and code, total and runtime time.
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.calls = Counter(
-            "cri_proxy_calls",
-            "CRI calls relayed, by method and status code",
-            ["method", "code"],
-            registry=registry,
-        )
-        self.duration = Histogram(
-            "cri_proxy_call_duration_seconds",
-            "CRI call time as the caller sees it",
-            ["method"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.runtime = Histogram(
-            "cri_proxy_runtime_duration_seconds",
-            "of which the runtime's own time",
-            ["method"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.overhead = Histogram(
-            "cri_proxy_overhead_seconds",
-            "of which the proxy's own time (hooks included)",
-            ["method"],
-            buckets=OVERHEAD_BUCKETS,
-            registry=registry,
-        )
-        self._children: dict[tuple[str, grpc.StatusCode], tuple[Any, Any, Any, Any]] = {}
+    A call only appends its figures (`observe`); they are folded into the counts a batch at a time,
+    at a scrape or once `FOLD_AT` wait. Counted per call by prometheus_client's own Counter and
+    Histograms (a lock per value, a walk over the buckets, four objects, run cold between calls),
+    they cost a `Version` call ~25 µs of proxy CPU on a 2-vCPU VM, a tenth of the relay's; folded a
+    batch at a time the same work runs hot. The series read exactly as prometheus_client's would
+    (`test_call_metrics.py` compares them)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.pending: list[tuple[str, grpc.StatusCode, float, float]] = []
+        self._calls: dict[tuple[str, str], int] = {}  # (method, code name) -> calls
+        self._times: dict[str, _MethodTimes] = {}  # method -> its three histograms
+        self._methods: dict[str, str] = {}  # path -> method label, for known paths only (bounded)
+        if registry is not None:
+            registry.register(self)
 
     def observe(self, path: str, code: grpc.StatusCode, total: float, upstream: float) -> None:
-        children = self._children.get((path, code))
-        if children is None:
-            children = self._label(path, code)
-        calls, duration, runtime, overhead = children
-        calls.inc()
-        duration.observe(total)
-        runtime.observe(upstream)
-        overhead.observe(max(0.0, total - upstream))
+        pending = self.pending
+        pending.append((path, code, total, upstream))
+        if len(pending) >= FOLD_AT:
+            self.fold()
 
-    def _label(self, path: str, code: grpc.StatusCode) -> tuple[Any, Any, Any, Any]:
-        """The series of one (method, code), found once: `labels()` costs ~2 µs a call on the hot
-        path. Only known methods are kept (any other path is `other`: the cache stays bounded)."""
-        method = method_label(path)
-        children = (
-            self.calls.labels(method, code.name),
-            self.duration.labels(method),
-            self.runtime.labels(method),
-            self.overhead.labels(method),
+    def fold(self) -> None:
+        """Count the calls observed since the last fold."""
+        pending, self.pending = self.pending, []
+        calls, times, methods = self._calls, self._times, self._methods
+        for path, code, total, upstream in pending:
+            method = methods.get(path)
+            if method is None:
+                method = method_label(path)
+                if path in KNOWN:
+                    methods[path] = method
+            key = (method, code.name)
+            calls[key] = calls.get(key, 0) + 1
+            kept = times.get(method)
+            if kept is None:
+                kept = times[method] = _MethodTimes()
+            kept.add(total, upstream)
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # collected at each scrape: nothing to check at registration
+
+    def collect(self) -> Iterator[Any]:
+        self.fold()
+        calls = CounterMetricFamily(
+            "cri_proxy_calls", "CRI calls relayed, by method and status code", labels=["method", "code"]
         )
-        if path in KNOWN:
-            self._children[(path, code)] = children
-        return children
+        for (method, code), n in self._calls.items():
+            calls.add_metric([method, code], n)
+        yield calls
+        for index, (name, help_text, _) in enumerate(HISTOGRAMS):
+            family = HistogramMetricFamily(name, help_text, labels=["method"])
+            for method, kept in self._times.items():
+                family.add_metric([method], kept.buckets(index, LE[index]), kept.sums[index])
+            yield family
+
+
+FOLD_AT = 512  # calls observed and not yet counted, at most (~12 KiB; a fold of them ~0.5 ms cold)
+
+HISTOGRAMS = (
+    ("cri_proxy_call_duration_seconds", "CRI call time as the caller sees it", LATENCY_BUCKETS),
+    ("cri_proxy_runtime_duration_seconds", "of which the runtime's own time", LATENCY_BUCKETS),
+    ("cri_proxy_overhead_seconds", "of which the proxy's own time (hooks included)", OVERHEAD_BUCKETS),
+)
+LE = tuple(
+    tuple(floatToGoString(b) for b in (*bounds, INF))  # type: ignore[no-untyped-call]
+    for _, _, bounds in HISTOGRAMS
+)  # each histogram's bucket bounds as the exposition writes them ("0.0005", ..., "+Inf")
+
+
+class _MethodTimes:
+    """One method's three histograms (`HISTOGRAMS`): per-bucket counts (the last one past every
+    bound) and sums."""
+
+    __slots__ = ("counts", "sums")
+
+    def __init__(self) -> None:
+        self.counts = tuple([0] * (len(bounds) + 1) for _, _, bounds in HISTOGRAMS)
+        self.sums = [0.0, 0.0, 0.0]
+
+    def add(self, total: float, upstream: float) -> None:
+        overhead = max(0.0, total - upstream)
+        duration, runtime, own = self.counts
+        duration[bisect_left(LATENCY_BUCKETS, total)] += 1  # the first bound >= the value: "le"
+        runtime[bisect_left(LATENCY_BUCKETS, upstream)] += 1
+        own[bisect_left(OVERHEAD_BUCKETS, overhead)] += 1
+        sums = self.sums
+        sums[0] += total
+        sums[1] += upstream
+        sums[2] += overhead
+
+    def buckets(self, index: int, bounds: tuple[str, ...]) -> list[tuple[str, float]]:
+        """Cumulative counts by upper bound (`bounds`: as the exposition format writes them)."""
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(bounds, self.counts[index], strict=True):
+            running += n
+            out.append((bound, running))
+        return out
 
 
 class StateCollector(Collector):
