@@ -89,7 +89,7 @@ class CallMetrics(Collector):
         for index, (name, help_text, _) in enumerate(HISTOGRAMS):
             family = HistogramMetricFamily(name, help_text, labels=["method"])
             for method, kept in self._times.items():
-                family.add_metric([method], kept.buckets(index, LE[index]), kept.sums[index])
+                family.add_metric([method], kept.buckets(index), kept.sums[index])
             yield family
 
 
@@ -100,9 +100,10 @@ HISTOGRAMS = (
     ("cri_proxy_runtime_duration_seconds", "of which the runtime's own time", LATENCY_BUCKETS),
     ("cri_proxy_overhead_seconds", "of which the proxy's own time (hooks included)", OVERHEAD_BUCKETS),
 )
+BOUNDS = tuple(bounds for _, _, bounds in HISTOGRAMS)
 LE = tuple(
     tuple(floatToGoString(b) for b in (*bounds, INF))  # type: ignore[no-untyped-call]
-    for _, _, bounds in HISTOGRAMS
+    for bounds in BOUNDS
 )  # each histogram's bucket bounds as the exposition writes them ("0.0005", ..., "+Inf")
 
 
@@ -113,25 +114,20 @@ class _MethodTimes:
     __slots__ = ("counts", "sums")
 
     def __init__(self) -> None:
-        self.counts = tuple([0] * (len(bounds) + 1) for _, _, bounds in HISTOGRAMS)
-        self.sums = [0.0, 0.0, 0.0]
+        self.counts = tuple([0] * (len(bounds) + 1) for bounds in BOUNDS)
+        self.sums = [0.0] * len(BOUNDS)
 
     def add(self, total: float, upstream: float) -> None:
-        overhead = max(0.0, total - upstream)
-        duration, runtime, own = self.counts
-        duration[bisect_left(LATENCY_BUCKETS, total)] += 1  # the first bound >= the value: "le"
-        runtime[bisect_left(LATENCY_BUCKETS, upstream)] += 1
-        own[bisect_left(OVERHEAD_BUCKETS, overhead)] += 1
-        sums = self.sums
-        sums[0] += total
-        sums[1] += upstream
-        sums[2] += overhead
+        counts, sums = self.counts, self.sums
+        for index, value in enumerate((total, upstream, max(0.0, total - upstream))):
+            counts[index][bisect_left(BOUNDS[index], value)] += 1  # the first bound >= the value: "le"
+            sums[index] += value
 
-    def buckets(self, index: int, bounds: tuple[str, ...]) -> list[tuple[str, float]]:
-        """Cumulative counts by upper bound (`bounds`: as the exposition format writes them)."""
+    def buckets(self, index: int) -> list[tuple[str, float]]:
+        """Histogram `index`'s cumulative counts by upper bound, as the exposition format has them."""
         out: list[tuple[str, float]] = []
         running = 0
-        for bound, n in zip(bounds, self.counts[index], strict=True):
+        for bound, n in zip(LE[index], self.counts[index], strict=True):
             running += n
             out.append((bound, running))
         return out
