@@ -51,10 +51,16 @@ def _unavailable(reason: str) -> NoReturn:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e carries the ``e2e`` marker (``-m 'not e2e'`` leaves them out)."""
+    """Every test under tests/e2e carries the ``e2e`` marker (``-m 'not e2e'`` leaves them out).
+
+    They also share one xdist group: under ``pytest -n N --dist loadgroup`` (scripts/test) they run
+    in one worker, in order, against one private containerd, while the other workers take the unit
+    tests. Two containerds side by side would share the node's cgroup tree and its CPU.
+    """
     for item in items:
         if _HERE in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group("e2e"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

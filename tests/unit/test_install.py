@@ -19,6 +19,9 @@ import pytest
 
 from cri_proxy import __version__, config
 
+# One worker under pytest-xdist: one install, and the tests in file order.
+pytestmark = pytest.mark.xdist_group("install")
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "install.sh"
 
