@@ -10,6 +10,7 @@ Every read has a deadline; no case waits longer than a few seconds for an answer
 from __future__ import annotations
 
 import gzip
+import re
 import socket
 import sys
 import time
@@ -329,10 +330,12 @@ def test_flood_ignoring_flow_control_without_reading(sockets: dict[str, Path]) -
 
 
 def test_the_proxy_gives_back_what_a_client_that_never_reads_cost(containerd: PrivateContainerd) -> None:
-    """Such a client has the proxy hold ~10 MiB for 60,000 calls (their streams, answers it does not
-    read). Once it has gone, the RSS comes back near where it was: the heap is trimmed (measured:
-    0.5-1.9 MiB stay; without the trim 5.0-6.9 MiB). A proxy of its own without metrics, and a fixed
-    count of calls, not a time: what stays grows with both (with metrics on, 2.8-6.1 MiB)."""
+    """Such a client has the proxy hold ~10-17 MiB for 60,000 calls (their streams, answers it does
+    not read). Once it has gone, the RSS comes back near where it was: the heap is trimmed (logged).
+    What stays is the interpreter's arenas that a few live objects pin (`relay/heap.py`): 0.5-1.9 MiB
+    on an idle machine, up to 9 MiB under CPU load (other tests beside it); without the trim 5.0-6.9
+    MiB stay on an idle machine. A proxy of its own without metrics, and a fixed count of calls, not
+    a time: what stays grows with both."""
     proxy = ProxyProcess(containerd, "--dry-run", name="heap").start()
     try:
         assert proxy.proc is not None
@@ -340,13 +343,29 @@ def test_the_proxy_gives_back_what_a_client_that_never_reads_cost(containerd: Pr
         h2raw.never_reading_client(proxy.socket, 0.5)  # the one-off growth of a first such client
         time.sleep(1.5)
         baseline = rss_bytes(pid)
+        logged = len(proxy.log_path.read_text())
         calls = h2raw.never_reading_client(proxy.socket, 10.0, 60000)
         assert calls > 20000, calls
+        grown = rss_bytes(pid) - baseline
+        trims: list[tuple[float, float]] = []
+
+        def given_back() -> bool:
+            trims[:] = [
+                (float(m[1]), float(m[2]))
+                for m in re.finditer(
+                    r"heap trimmed: RSS ([0-9.]+) -> ([0-9.]+) MiB", proxy.log_path.read_text()[logged:]
+                )
+            ]
+            return bool(trims) and rss_bytes(pid) - baseline < 10 * 2**20
+
         wait_until(  # a trim waits 1 s after a close, 10 s after the last trim
-            lambda: rss_bytes(pid) - baseline < 3.5 * 2**20,
+            given_back,
             timeout=15,
-            what=f"the proxy's RSS back within 3.5 MiB of {baseline / 2**20:.1f} MiB after {calls} calls",
+            what=f"a heap trim and the RSS back within 10 MiB of {baseline / 2**20:.1f} MiB"
+            f" after {calls} calls (it had grown {grown / 2**20:.1f} MiB)",
         )
+        before, after = trims[0]
+        assert before - after > 2, f"the trim gave back little: {before} -> {after} MiB"
     finally:
         assert proxy.stop() == 0, proxy.log_path.read_text()[-2000:]
 
