@@ -247,7 +247,9 @@ def test_a_client_that_never_reads_leaves_nothing_behind(tmp_path: Path, fake: P
     """In front of the bundled runtime (which stops reading while its answers cannot be written),
     such a client made the proxy keep, in "frames" mode, its runtime connection and ~20 MiB for
     good, and in "grpc" mode ~20 MiB of heap. Once it has gone the proxy's sockets are back at once
-    and its RSS within 6 MiB of before (in "grpc" mode at the next look at the heap, every 10 s)."""
+    and its RSS within 10 MiB of before (in "grpc" mode at the next look at the heap, every 10 s):
+    the interpreter's arenas that a few live objects pin stay (`relay/heap.py`), more of them when
+    the machine is busy (the tests run in parallel)."""
     proc, sock = _serve(tmp_path, fake, "--relay-mode", relay_mode)
     try:
         never_reading_client(sock, 0.5)  # the one-off growth of a first such client
@@ -259,9 +261,9 @@ def test_a_client_that_never_reads_leaves_nothing_behind(tmp_path: Path, fake: P
         assert calls > 10000, calls
         wait_until(lambda: fds() <= before, timeout=5, what=f"the proxy's {before} open files back")
         wait_until(
-            lambda: rss_bytes(proc.pid) - rss < 6 << 20,
+            lambda: rss_bytes(proc.pid) - rss < 10 << 20,
             timeout=25,
-            what=f"the proxy's RSS back within 6 MiB of {rss / 2**20:.1f} MiB after {calls} calls",
+            what=f"the proxy's RSS back within 10 MiB of {rss / 2**20:.1f} MiB after {calls} calls",
         )
     finally:
         stop(proc)
