@@ -7,7 +7,7 @@ collection (which empties those lists), then glibc's `malloc_trim` on a worker t
 go of the interpreter lock), brought it back to within 3 MiB (the trim alone: 4 MiB of the 15).
 What it cannot give back is the interpreter's own arenas (1 MiB each, kept whole while one object
 in them lives): a few objects made during the flood and still alive pin some, more under CPU load
-(0.5-9 MiB seen after floods of 60,000 calls, not adding up over floods in a row). Both
+(0.5-9 MiB seen after floods of 60,000 calls; floods in a row level off under 10 MiB). Both
 run only when the RSS, `WAIT` after a connection closed, is more than `SLACK` above where the last
 trim left it, and at most once every `EVERY` seconds: a proxy whose clients come and go without
 leaving anything behind never pays for it. In relay mode "grpc" the connections are grpcio's and
