@@ -25,6 +25,14 @@ client's next call came (riding with that call: 0.02-0.08 ms less per create). D
 read it still passes at once: its ACK is then back before the answer, off the path of the
 client's next call.
 
+The client's reads that hold only what no peer waits on (`_quiet`: the ACKs of the runtime's
+PINGs, and connection WINDOW_UPDATEs while no call is open) wait in `quiet` for the next write to
+the runtime, or until the adapter's timer says they waited long enough (`release_quiet`). A grpc
+client sends the ACK of the PING grpc-go sends for each request on its own, just as its next call
+comes: written on its own, it woke the runtime once more per call (containerd's CPU for a
+sequential `Version` 205 us a call through the proxy, 165 us with the ACK riding with the next
+call; 185-202 us direct).
+
 Reading an answer comes after writing it: with `answers_later` (the adapter's way) the runtime's
 header blocks pass on undecoded and `read_answers` decodes them once the adapter has written the
 read's bytes, then measures the calls they end and asks for their hooks (0.05-0.08 ms less per
@@ -74,6 +82,10 @@ CREDIT_BATCH = 16 << 10  # connection credit owed to the client for held request
 CREDIT_LOW = 32 << 10  # ... or at once while the client may send less than this
 DECODE_BUDGET = 4096  # HPACK work a client's block may take per loop turn (~1-2 ms; hpackstep.py)
 PINGS_HELD = 8  # runtime PINGs held while slow calls are open, at most: then the core answers them
+QUIET_HELD = 16  # the client's quiet reads held, at most: then they go
+QUIET_CREDIT = (
+    1 << 30
+)  # connection credit a held WINDOW_UPDATE may carry (more goes at once: the runtime judges it)
 
 Observer = Callable[[str, int, float, float], None]  # (path, code, total seconds, runtime seconds)
 
@@ -184,6 +196,7 @@ class LinkCore:
         self.list_announced = False  # the runtime's first SETTINGS went on, with the header list limit
         self.early: list[bytes] = []  # the runtime's bytes before the client's connection preface
         self.held_pings: list[bytes] = []  # the runtime's PINGs (payloads) waiting for slow calls to end
+        self.quiet: list[bytes] = []  # the client's reads no peer waits on, for the next write (`_quiet`)
         # the runtime's header blocks passed on undecoded (`answers_later`): (the call it ended, if
         # any; the block; when it came), decoded in order by `read_answers`
         self.answers: list[tuple[Stream | None, bytes, float]] = []
@@ -205,8 +218,17 @@ class LinkCore:
     def take_runtime(self) -> list[Buf]:
         if self.held_pings and self.out_r:  # the held ACKs ride with a write that goes anyway
             self._answer_held()
+        if self.quiet and self.out_r:  # so do the client's quiet frames, first: they came first
+            self.release_quiet()
         out, self.out_r = self.out_r, []
         return out
+
+    def release_quiet(self) -> None:
+        """The client's quiet reads go now (they waited long enough: the adapter's timer), before
+        anything else the runtime is sent."""
+        if self.quiet:
+            self.out_r[:0] = self.quiet
+            self.quiet = []
 
     def take_events(self) -> list[Event]:
         out, self.events = self.events, []
@@ -224,6 +246,7 @@ class LinkCore:
             + self.c_block.pending_bytes()
             + self.r_block.pending_bytes()
             + sum(len(c) for c in self.early)
+            + sum(len(c) for c in self.quiet)
             + len(self.held_pings) * (wire.HEADER_LEN + 8)
             + sum(len(block) for _, block, _ in self.answers)
             + (len(self.unread[0]) if self.unread is not None else 0)
@@ -281,11 +304,46 @@ class LinkCore:
         except (wire.PrefaceError, wire.FrameTooLarge):
             self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
         else:
-            self._client_frames(buf, off, frames, now)
+            if buf is data and self._quiet(data, off, frames):
+                self.quiet.append(data)
+            else:
+                self._client_frames(buf, off, frames, now)
         if self.early and (self.client_dead or not self.c_split.preface_left):
             early, self.early = self.early, []
             for chunk in early:
                 self.receive_from_runtime(chunk, now)
+
+    def _quiet(self, data: bytes, off: int, frames: list[wire.Frame]) -> bool:
+        """Whether a read (whole frames, nothing before it waiting) holds only what no peer waits
+        on: ACKs of the runtime's PINGs, and connection WINDOW_UPDATEs while no call is open (the
+        runtime has nothing to send with the credit). Anything malformed, and a read behind other
+        bytes for the runtime, goes as it came."""
+        if (
+            off
+            or not frames
+            or frames[-1][1] != len(data)
+            or self.out_r
+            or self.own_r
+            or self.win.backlog
+            or self.c_block.open
+            or self.stalled
+            or len(self.quiet) >= QUIET_HELD
+        ):
+            return False
+        for at, end, ftype, flags, sid in frames:
+            if sid or end - at != wire.HEADER_LEN + (8 if ftype == wire.PING else 4):
+                return False
+            if ftype == wire.PING:
+                quiet = flags & wire.ACK
+            else:
+                quiet = (
+                    ftype == wire.WINDOW_UPDATE
+                    and not self.streams
+                    and 0 < wire.window_increment(data[at + wire.HEADER_LEN : end]) < QUIET_CREDIT
+                )
+            if not quiet:
+                return False
+        return True
 
     def _client_frames(self, buf: Buf, off: int, frames: list[wire.Frame], now: float) -> None:
         start = 0  # the span of frames passed through unchanged, not yet written

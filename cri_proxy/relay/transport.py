@@ -30,6 +30,7 @@ from cri_proxy.relay.methods import KNOWN
 CONNECT_TIMEOUT = 5.0
 WRITE_BUFFER_HIGH = 1 << 20  # a side's unsent bytes beyond which the other side is not read
 PING_WAIT = 1.0  # seconds a runtime PING may wait for a write to the runtime before the core answers it
+QUIET_WAIT = 0.05  # seconds the client's quiet frames (PING ACKs, ...) may wait for a write to the runtime
 CLOSE_WAIT = 5.0  # seconds a closed side has to take what is still written to it; then it is dropped
 GONE_CHECK = 1.0  # seconds between two looks at whether a client not read meanwhile has hung up
 
@@ -162,6 +163,7 @@ class Link(asyncio.Protocol):
         self.decode_soon: asyncio.Handle | None = None  # the next step of a big header block's decoding
         self.ping_due: asyncio.TimerHandle | None = None  # when the runtime's held PINGs get answered
         self.gone_check: asyncio.TimerHandle | None = None  # while the client is not read
+        self.quiet_due: asyncio.TimerHandle | None = None  # when the client's quiet frames go
         self.pres: dict[int, asyncio.Future[PreOutcome]] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
 
@@ -260,6 +262,8 @@ class Link(asyncio.Protocol):
             self.ping_due.cancel()
         if self.gone_check is not None:
             self.gone_check.cancel()
+        if self.quiet_due is not None:
+            self.quiet_due.cancel()
         self.core.client_lost()
         self._events()
         if self.relay.measured:
@@ -324,6 +328,8 @@ class Link(asyncio.Protocol):
             if self.decode_soon is None and core.decoding():
                 # a big header block: one bounded step a loop turn, other connections go between
                 self.decode_soon = asyncio.get_running_loop().call_soon(self._decode_more)
+            if core.quiet and self.quiet_due is None:  # one timer at a time, not one per read
+                self.quiet_due = asyncio.get_running_loop().call_later(QUIET_WAIT, self._release_quiet)
             if core.held_pings and self.ping_due is None:
                 # not re-armed per PING: one timer a second at most, whatever the call rate
                 self.ping_due = asyncio.get_running_loop().call_later(PING_WAIT, self._answer_pings)
@@ -342,6 +348,13 @@ class Link(asyncio.Protocol):
         self.decode_soon = None
         if not self.closed:
             self.core.decode_more(perf_counter())
+            self.flush()
+
+    def _release_quiet(self) -> None:
+        """The client's quiet frames held since this timer was set go to the runtime."""
+        self.quiet_due = None
+        if not self.closed:
+            self.core.release_quiet()
             self.flush()
 
     def _answer_pings(self) -> None:

@@ -114,6 +114,7 @@ class Link(RuleBasedStateMachine):
         wrote = self.core.take_runtime()
         # the runtime's PINGs held for slow calls get their ACKs with any write that goes to it
         assert not (wrote and self.core.held_pings), "a write to the runtime left held PINGs behind"
+        assert not (wrote and self.core.quiet), "a write to the runtime left the client's quiet reads behind"
         for chunk in wrote:
             self.p2r.append(bytes(chunk))
         for chunk in self.core.take_client():
@@ -140,6 +141,20 @@ class Link(RuleBasedStateMachine):
     @rule(size=st.integers(1, 40000))
     def client_bytes_arrive(self, size: int) -> None:
         self.core.receive_from_client(self._take(self.c2p, size))
+        self._pump_out()
+
+    @precondition(
+        lambda self: bool(self.c2p) and self.core.wants_client() and not self.core.c_split.preface_left
+    )
+    @rule()
+    def client_frame_arrives(self) -> None:
+        """One whole frame a read (an ACK alone is what the core may hold, `LinkCore._quiet`)."""
+        waiting = b"".join(self.c2p)
+        if len(waiting) < wire.HEADER_LEN:
+            return
+        self.c2p.clear()
+        self.c2p.append(waiting)
+        self.core.receive_from_client(self._take(self.c2p, wire.HEADER_LEN + wire.read_head(waiting, 0)[0]))
         self._pump_out()
 
     @precondition(lambda self: bool(self.r2p))
@@ -317,6 +332,13 @@ class Link(RuleBasedStateMachine):
         self.ping_marks.setdefault(payload, deque()).append(sent)
         self._pump_out()
 
+    @precondition(lambda self: bool(self.core.quiet))
+    @rule()
+    def quiet_wait_ends(self) -> None:
+        """The adapter's timer: the client's quiet reads (its ACKs, credit while no call is open) go."""
+        self.core.release_quiet()
+        self._pump_out()
+
     @precondition(lambda self: bool(self.core.held_pings))
     @rule()
     def ping_wait_ends(self) -> None:
@@ -402,6 +424,18 @@ class Link(RuleBasedStateMachine):
             if sid not in self.refused:
                 assert got_status == status(sid).encode()
 
+    def _quiet_acks(self) -> list[bytes]:
+        """The payloads of the client's ACKs waiting in the core's quiet reads."""
+        acks = []
+        for chunk in self.core.quiet:
+            at = 0
+            while at < len(chunk):
+                length, ftype, flags, _ = wire.read_head(chunk, at)
+                if ftype == wire.PING and flags & wire.ACK:
+                    acks.append(chunk[at + wire.HEADER_LEN : at + wire.HEADER_LEN + length])
+                at += wire.HEADER_LEN + length
+        return acks
+
     @invariant()
     def every_runtime_ping_is_answered(self) -> None:
         """The runtime's PINGs reach the client in their order (some may be answered by the core
@@ -412,7 +446,7 @@ class Link(RuleBasedStateMachine):
         pinged = iter(self.runtime_pinged)
         assert all(any(p == q for q in pinged) for p in self.client_pinged), "PINGs out of order"
         assert not Counter(self.runtime_acked) - Counter(self.runtime_pinged), "an ACK for no PING"
-        held = self.core.held_pings
+        held = self.core.held_pings + self._quiet_acks()
         if not (self.r2p or self.p2r or self.c2p or self.p2c or self.pres):
             assert Counter(self.runtime_acked) + Counter(held) == Counter(self.runtime_pinged)
 
