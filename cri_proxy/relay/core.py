@@ -29,9 +29,9 @@ The client's reads that hold only what no peer waits on (`_quiet`: the ACKs of t
 PINGs, and connection WINDOW_UPDATEs while no call is open) wait in `quiet` for the next write to
 the runtime, or until the adapter's timer says they waited long enough (`release_quiet`). A grpc
 client sends the ACK of the PING grpc-go sends for each request on its own, just as its next call
-comes: written on its own, it woke the runtime once more per call (containerd's CPU for a
-sequential `Version` 205 us a call through the proxy, 165 us with the ACK riding with the next
-call; 185-202 us direct).
+comes: written on its own, it woke the runtime once more per call (containerd's CPU a sequential
+`Version` call through the proxy: 194-221 us so, 153-174 us with the ACK riding with the next
+call; 176-193 us direct).
 
 Reading an answer comes after writing it: with `answers_later` (the adapter's way) the runtime's
 header blocks pass on undecoded and `read_answers` decodes them once the adapter has written the
