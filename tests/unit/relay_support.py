@@ -84,3 +84,34 @@ async def raw_server(endpoint: str, handler: grpc.GenericRpcHandler) -> grpc.aio
     server.add_insecure_port(endpoint)
     await server.start()
     return server
+
+
+class RawRuntime:
+    """A runtime written by hand on the bed's runtime socket (`serving`): what it saw is kept by its
+    `serve`, and `until` waits for it."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    @contextlib.asynccontextmanager
+    async def serving(self, bed: Bed) -> AsyncIterator[None]:
+        server = await asyncio.start_unix_server(self.serve, bed.runtime_endpoint.removeprefix("unix://"))
+        try:
+            yield
+        finally:
+            server.close()
+
+    async def until(self, found: Callable[[], Any], timeout: float = 5.0) -> Any:
+        """`found()` once it is truthy (`serve` sets `changed` after each read), or an AssertionError."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not (hit := found()):
+            left = deadline - loop.time()
+            assert left > 0, f"not seen within {timeout}s: {self!r}"
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
+        return hit

@@ -7,7 +7,6 @@ sockets."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from cri_proxy.relay import transport
 from cri_proxy.relay.core import PINGS_HELD, Limits, LinkCore
 from tests.h2raw import request_headers
-from tests.unit.relay_support import bed, run
+from tests.unit.relay_support import RawRuntime, bed, run
 from tests.unit.test_relay_h2_edges import RawClient, of, status_of
 
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -208,15 +207,18 @@ def test_counted_in_what_the_link_holds() -> None:
 
 
 # -- on real sockets ---------------------------------------------------------------------------------
-class SlowRuntime:
+class SlowRuntime(RawRuntime):
     """A raw HTTP/2 runtime that PINGs on each request it reads (as grpc-go does) and answers only
     when told to."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.conn: h2.connection.H2Connection | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.events: list[h2.events.Event] = []
-        self.changed = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"SlowRuntime(events[-6:]={self.events[-6:]})"
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writer, self.conn = writer, _peer(False)
@@ -238,16 +240,8 @@ class SlowRuntime:
         self.conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
         self.writer.write(self.conn.data_to_send())
 
-    async def until(self, found: Callable[[list[h2.events.Event]], Any], timeout: float = 5.0) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not (hit := found(self.events)):
-            left = deadline - loop.time()
-            assert left > 0, f"not seen within {timeout}s: {self.events[-6:]}"
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
-        return hit
+    async def seen(self, found: Callable[[list[h2.events.Event]], Any], timeout: float = 5.0) -> Any:
+        return await self.until(lambda: found(self.events), timeout)
 
 
 def test_a_call_the_runtime_holds_gets_its_ping_answered_within_ping_wait(
@@ -259,37 +253,31 @@ def test_a_call_the_runtime_holds_gets_its_ping_answered_within_ping_wait(
     monkeypatch.setattr(transport, "PING_WAIT", 0.2)
 
     async def main() -> None:
-        async with bed(start_runtime=False) as b:
-            runtime = SlowRuntime()
-            server = await asyncio.start_unix_server(
-                runtime.serve, b.runtime_endpoint.removeprefix("unix://")
-            )
-            try:
-                client = await RawClient.open(b.proxy_endpoint)
-                loop = asyncio.get_running_loop()
-                sid = client.request(CREATE, BODY)
-                await runtime.until(of(h2.events.StreamEnded, stream_id=sid))
-                pinged = loop.time()
-                ack = await runtime.until(of(h2.events.PingAckReceived))
-                assert ack.ping_data == b"slow-001"
-                assert loop.time() - pinged >= 0.1  # held first, not answered at once
-                assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
-                runtime.answer(sid)
-                assert await client.until(status_of(sid)) == "0"
-                assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
+        runtime = SlowRuntime()
+        async with bed(start_runtime=False) as b, runtime.serving(b):
+            client = await RawClient.open(b.proxy_endpoint)
+            loop = asyncio.get_running_loop()
+            sid = client.request(CREATE, BODY)
+            await runtime.seen(of(h2.events.StreamEnded, stream_id=sid))
+            pinged = loop.time()
+            ack = await runtime.seen(of(h2.events.PingAckReceived))
+            assert ack.ping_data == b"slow-001"
+            assert loop.time() - pinged >= 0.1  # held first, not answered at once
+            assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
+            runtime.answer(sid)
+            assert await client.until(status_of(sid)) == "0"
+            assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
 
-                monkeypatch.setattr(transport, "PING_WAIT", 60.0)  # no timer from here on
-                again = client.request(CREATE, BODY)
-                await runtime.until(of(h2.events.StreamEnded, stream_id=again))
-                runtime.answer(again)
-                assert await client.until(status_of(again)) == "0"
-                acked = [e for e in runtime.events if isinstance(e, h2.events.PingAckReceived)]
-                assert [e.ping_data for e in acked] == [b"slow-001"]  # slow-002 waits for a write
-                client.request(VERSION, BODY)  # the next call takes the ACK with it
-                await runtime.until(of(h2.events.PingAckReceived, ping_data=b"slow-002"))
-                assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
-                client.close()
-            finally:
-                server.close()
+            monkeypatch.setattr(transport, "PING_WAIT", 60.0)  # no timer from here on
+            again = client.request(CREATE, BODY)
+            await runtime.seen(of(h2.events.StreamEnded, stream_id=again))
+            runtime.answer(again)
+            assert await client.until(status_of(again)) == "0"
+            acked = [e for e in runtime.events if isinstance(e, h2.events.PingAckReceived)]
+            assert [e.ping_data for e in acked] == [b"slow-001"]  # slow-002 waits for a write
+            client.request(VERSION, BODY)  # the next call takes the ACK with it
+            await runtime.seen(of(h2.events.PingAckReceived, ping_data=b"slow-002"))
+            assert not any(isinstance(e, h2.events.PingReceived) for e in client.events)
+            client.close()
 
     run(main())

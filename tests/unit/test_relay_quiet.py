@@ -6,9 +6,6 @@ First on a LinkCore between two `h2` peers, then on real sockets."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
-from typing import Any
 
 import h2.events
 import pytest
@@ -16,7 +13,7 @@ import pytest
 from cri_proxy.relay import transport, wire
 from cri_proxy.relay.core import QUIET_CREDIT, QUIET_HELD
 from tests.h2raw import request_headers
-from tests.unit.relay_support import bed, run
+from tests.unit.relay_support import RawRuntime, bed, run
 from tests.unit.test_relay_h2_edges import RawClient, of, status_of
 from tests.unit.test_relay_pings import BODY, VERSION, Pair, _peer
 
@@ -126,13 +123,16 @@ def test_counted_in_what_the_link_holds() -> None:
 
 
 # -- on real sockets ---------------------------------------------------------------------------------
-class PingingRuntime:
+class PingingRuntime(RawRuntime):
     """A raw HTTP/2 runtime that PINGs on each request it reads (as grpc-go does) and answers it at
     once; keeps what each of its reads held."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.reads: list[tuple[float, list[h2.events.Event]]] = []
-        self.changed = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"PingingRuntime(reads[-4:]={self.reads[-4:]})"
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _peer(False)
@@ -153,17 +153,6 @@ class PingingRuntime:
             writer.write(conn.data_to_send())
             self.changed.set()
 
-    async def until(self, found: Callable[[], Any], timeout: float = 5.0) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not (hit := found()):
-            left = deadline - loop.time()
-            assert left > 0, f"not seen within {timeout}s: {self.reads[-4:]}"
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
-        return hit
-
     def read_with_ack(self, payload: bytes) -> tuple[float, list[h2.events.Event]] | None:
         for read in self.reads:
             if any(isinstance(e, h2.events.PingAckReceived) and e.ping_data == payload for e in read[1]):
@@ -177,39 +166,33 @@ def test_the_clients_ack_reaches_the_runtime_with_its_next_call_or_after_quiet_w
     monkeypatch.setattr(transport, "QUIET_WAIT", 0.3)
 
     async def main() -> None:
-        async with bed(start_runtime=False) as b:
-            runtime = PingingRuntime()
-            server = await asyncio.start_unix_server(
-                runtime.serve, b.runtime_endpoint.removeprefix("unix://")
-            )
-            try:
-                client = await RawClient.open(b.proxy_endpoint)
-                loop = asyncio.get_running_loop()
-                # the first call's ACK goes with the client's SETTINGS ACK, at once
-                sid = client.request(VERSION, BODY)
-                assert await client.until(status_of(sid)) == "0"
-                await runtime.until(lambda: runtime.read_with_ack(b"quick001"))
-                # an ACK on its own, with no call after it, waits for the timer
-                sid = client.request(VERSION, BODY)
-                assert await client.until(status_of(sid)) == "0"
-                await client.until(of(h2.events.PingReceived, ping_data=b"quick002"))
-                acked = loop.time()  # the client wrote its ACK as it read the PING
-                at, _ = await runtime.until(lambda: runtime.read_with_ack(b"quick002"))
-                assert at - acked >= 0.2
-                # ... and rides with the next call when one comes: one read, the ACK first
-                sid = client.request(VERSION, BODY)
-                assert await client.until(status_of(sid)) == "0"
-                await client.until(of(h2.events.PingReceived, ping_data=b"quick003"))
-                then = loop.time()
-                fourth = client.request(VERSION, BODY)
-                at, events = await runtime.until(lambda: runtime.read_with_ack(b"quick003"))
-                assert at - then < 0.2
-                kinds = [type(e) for e in events]
-                assert kinds.index(h2.events.PingAckReceived) < kinds.index(h2.events.RequestReceived)
-                assert any(isinstance(e, h2.events.RequestReceived) and e.stream_id == fourth for e in events)
-                assert await client.until(status_of(fourth)) == "0"
-                client.close()
-            finally:
-                server.close()
+        runtime = PingingRuntime()
+        async with bed(start_runtime=False) as b, runtime.serving(b):
+            client = await RawClient.open(b.proxy_endpoint)
+            loop = asyncio.get_running_loop()
+            # the first call's ACK goes with the client's SETTINGS ACK, at once
+            sid = client.request(VERSION, BODY)
+            assert await client.until(status_of(sid)) == "0"
+            await runtime.until(lambda: runtime.read_with_ack(b"quick001"))
+            # an ACK on its own, with no call after it, waits for the timer
+            sid = client.request(VERSION, BODY)
+            assert await client.until(status_of(sid)) == "0"
+            await client.until(of(h2.events.PingReceived, ping_data=b"quick002"))
+            acked = loop.time()  # the client wrote its ACK as it read the PING
+            at, _ = await runtime.until(lambda: runtime.read_with_ack(b"quick002"))
+            assert at - acked >= 0.2
+            # ... and rides with the next call when one comes: one read, the ACK first
+            sid = client.request(VERSION, BODY)
+            assert await client.until(status_of(sid)) == "0"
+            await client.until(of(h2.events.PingReceived, ping_data=b"quick003"))
+            then = loop.time()
+            fourth = client.request(VERSION, BODY)
+            at, events = await runtime.until(lambda: runtime.read_with_ack(b"quick003"))
+            assert at - then < 0.2
+            kinds = [type(e) for e in events]
+            assert kinds.index(h2.events.PingAckReceived) < kinds.index(h2.events.RequestReceived)
+            assert any(isinstance(e, h2.events.RequestReceived) and e.stream_id == fourth for e in events)
+            assert await client.until(status_of(fourth)) == "0"
+            client.close()
 
     run(main())
