@@ -83,9 +83,9 @@ CREDIT_LOW = 32 << 10  # ... or at once while the client may send less than this
 DECODE_BUDGET = 4096  # HPACK work a client's block may take per loop turn (~1-2 ms; hpackstep.py)
 PINGS_HELD = 8  # runtime PINGs held while slow calls are open, at most: then the core answers them
 QUIET_HELD = 16  # the client's quiet reads held, at most: then they go
-QUIET_CREDIT = (
-    1 << 30
-)  # connection credit a held WINDOW_UPDATE may carry (more goes at once: the runtime judges it)
+# connection credit a held WINDOW_UPDATE may carry: more goes at once (toward an overflow, which the
+# runtime judges at once)
+QUIET_CREDIT = 1 << 30
 
 Observer = Callable[[str, int, float, float], None]  # (path, code, total seconds, runtime seconds)
 

@@ -351,7 +351,8 @@ class Link(asyncio.Protocol):
             self.flush()
 
     def _release_quiet(self) -> None:
-        """The client's quiet frames held since this timer was set go to the runtime."""
+        """The client's quiet frames go to the runtime (those held after this timer was set, sooner
+        than QUIET_WAIT: early is harmless)."""
         self.quiet_due = None
         if not self.closed:
             self.core.release_quiet()
