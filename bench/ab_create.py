@@ -14,8 +14,13 @@ block of the run, and the paired median of this checkout minus the other.
     .venv/bin/python bench/ab_create.py --against /tmp/base --gap 0.02   # calls spaced as a kubelet's
     .venv/bin/python bench/ab_create.py --against /tmp/base --start -n 300  # create, start, create, ...
     .venv/bin/python bench/ab_create.py --against /tmp/base --call version -n 5000   # tiny calls
+    .venv/bin/python bench/ab_create.py --against /tmp/base --call version -n 15 --run 1000
 
-Against containerd, keep the creates under ~5,000 (3 paths x -n, x2 with --twice): the bench's
+With `--run K` each path gets K calls in a row per turn (`--twice`: 2): a connection's own
+housekeeping (a PING's ACK the client sends alone after a call, say) then costs that path's next
+call, not whichever path's call comes next; one call per turn hides such costs.
+
+Against containerd, keep the creates under ~5,000 (3 paths x -n x --run): the bench's
 containerd runs out of open files beyond (one growing pod), and a pod each makes real sandboxes.
 """
 
@@ -73,28 +78,29 @@ def start_pair(
 
 
 def timed(
-    targets: dict[str, Target], n: int, gap: float, twice: bool, prepare: Callable[[str, int, int], Any]
+    targets: dict[str, Target], n: int, gap: float, run: int, prepare: Callable[[str, int, int], Any]
 ) -> dict[str, list[float]]:
     """Seconds of each call per target ("d": direct), `n` rounds after the warm-up: each round
-    calls every path in the order `ORDERS` rotates through (`twice`: two calls in a row on each, as
-    a kubelet's come, both timed). `prepare(target, round, slot)` readies a call, untimed, and
+    calls every path in the order `ORDERS` rotates through, `run` calls in a row on each (two: as a
+    kubelet's come), all timed. `prepare(target, round, slot)` readies a call, untimed, and
     returns it."""
     out: dict[str, list[float]] = {k: [] for k in targets}
-    for i in range(n + WARM):
-        slots = [x for slot in ORDERS[i % len(ORDERS)] for x in ((slot, slot) if twice else (slot,))]
+    warm = WARM if run < WARM else 1  # rounds of long runs warm up in one
+    for i in range(n + warm):
+        slots = [slot for slot in ORDERS[i % len(ORDERS)] for _ in range(run)]
         for j, k in enumerate(slots):
             call = prepare(k, i, j)
             if gap:
                 time.sleep(gap)
             t0 = time.perf_counter()
             call()
-            if i >= WARM:
+            if i >= warm:
                 out[k].append(time.perf_counter() - t0)
     return out
 
 
 def rounds(
-    targets: dict[str, Target], n: int, pod_each: bool, gap: float, twice: bool = False, start: bool = False
+    targets: dict[str, Target], n: int, pod_each: bool, gap: float, run: int = 1, start: bool = False
 ) -> dict[str, list[float]]:
     """CreateContainer on every path (see `timed`), in one pod per path or (`pod_each`) each in a
     pod of its own, made first on the same path and not timed; `start`: each container then
@@ -138,16 +144,14 @@ def rounds(
 
         return call
 
-    return timed(targets, n, gap, twice, prepare)
+    return timed(targets, n, gap, run, prepare)
 
 
-def version_rounds(
-    targets: dict[str, Target], n: int, gap: float, twice: bool = False
-) -> dict[str, list[float]]:
+def version_rounds(targets: dict[str, Target], n: int, gap: float, run: int = 1) -> dict[str, list[float]]:
     """Version on every path (see `timed`)."""
     version = {k: t.call("/runtime.v1.RuntimeService/Version") for k, t in targets.items()}
     body = pb.VersionRequest(version="v1").SerializeToString()
-    return timed(targets, n, gap, twice, lambda k, i, j: lambda: version[k](body, timeout=60))
+    return timed(targets, n, gap, run, lambda k, i, j: lambda: version[k](body, timeout=60))
 
 
 def report(out: dict[str, list[float]], names: dict[str, str], blocks: int = 5) -> None:
@@ -165,8 +169,10 @@ def report(out: dict[str, list[float]], names: dict[str, str], blocks: int = 5) 
             for i in range(0, n - size + 1, size)
         ]
         ratio = statistics.median(p) / statistics.median(d)
+        mean = statistics.fmean(p) / statistics.fmean(d)
         print(
-            f"  {k} {names[k]}: added p50 {ms(added)} ms (ratio {ratio:.2f}) | paired median {ms(paired)} ms"
+            f"  {k} {names[k]}: added p50 {ms(added)} ms (ratio {ratio:.2f}, of the means {mean:.2f})"
+            f" | paired median {ms(paired)} ms"
             f" | per block of {size}: {', '.join(ms(x) for x in per)}"
         )
     diff = statistics.median(x - y for x, y in zip(out["a"], out["b"], strict=True))
@@ -182,13 +188,17 @@ def main() -> None:
     parser.add_argument("--call", choices=("create", "version"), default="create", help="the call timed")
     parser.add_argument("-n", type=int, default=400, help="rounds (one call per path each)")
     parser.add_argument("--pod-each", action="store_true", help="each create in a pod of its own")
-    parser.add_argument("--twice", action="store_true", help="two calls in a row on each path")
+    parser.add_argument("--twice", action="store_true", help="two calls in a row on each path (--run 2)")
+    parser.add_argument("--run", type=int, default=1, help="calls in a row on each path per turn")
     parser.add_argument(
         "--start", action="store_true", help="start each container after its create (not timed)"
     )
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
     parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
     args = parser.parse_args()
+    run = 2 if args.twice else args.run
+    if run < 1:
+        raise SystemExit(f"--run {args.run}: at least 1")
     if not (args.against / "cri_proxy").is_dir():
         raise SystemExit(f"--against {args.against}: no cri_proxy package there")
 
@@ -200,16 +210,16 @@ def main() -> None:
             targets["d"] = Target(address)
             names = {"a": str(ROOT), "b": str(args.against)}
             if args.call == "version":
-                print(f"Version x{args.n} on {args.runtime}, gap {args.gap} s; logs in {work}")
-                report(version_rounds(targets, args.n, args.gap, args.twice), names)
+                print(f"Version x{args.n} x{run} on {args.runtime}, gap {args.gap} s; logs in {work}")
+                report(version_rounds(targets, args.n, args.gap, run), names)
                 return
             shape = (
                 ("a pod each" if args.pod_each else "one growing pod")
-                + (", twice in a row" if args.twice else "")
+                + (f", {run} in a row" if run > 1 else "")
                 + (", each started" if args.start else "")
             )
             print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
-            report(rounds(targets, args.n, args.pod_each, args.gap, args.twice, args.start), names)
+            report(rounds(targets, args.n, args.pod_each, args.gap, run, args.start), names)
         finally:
             stop_all(procs)
 
