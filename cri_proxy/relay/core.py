@@ -22,8 +22,7 @@ client's ACK went back through the proxy to the runtime just as the client's nex
 core's ACK instead: 0.09-0.25 ms less per create that follows its RunPodSandbox); written on its
 own right after the answer, the core's ACK woke the runtime once more per slow call, as the
 client's next call came (riding with that call: 0.02-0.08 ms less per create). During a quick
-read it still passes at once: its ACK is then back before the answer, off the path of the
-client's next call.
+read it still passes to the client at once, and the client's ACK rides with its next call (below).
 
 The client's reads that hold only what no peer waits on (`_quiet`: the ACKs of the runtime's
 PINGs, and connection WINDOW_UPDATEs while no call is open) wait in `quiet` for the next write to

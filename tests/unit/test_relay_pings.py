@@ -1,8 +1,8 @@
 """The runtime's PINGs while a slow call (`methods.SLOW`) is open: answered by the core, the ACKs
 held until the next write to the runtime (they ride with it), or until they waited PING_WAIT (the
 adapter's timer), or too many wait; the client never sees them. During a quick read they pass at
-once (the client's ACK goes back). First on a LinkCore between two `h2` peers, then on real
-sockets."""
+once (the client's ACK goes back with its next call: test_relay_quiet.py). First on a LinkCore
+between two `h2` peers, then on real sockets."""
 
 from __future__ import annotations
 
