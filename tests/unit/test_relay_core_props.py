@@ -144,7 +144,12 @@ class Link(RuleBasedStateMachine):
         self._pump_out()
 
     @precondition(
-        lambda self: bool(self.c2p) and self.core.wants_client() and not self.core.c_split.preface_left
+        lambda self: (
+            bool(self.c2p)
+            and self.core.wants_client()
+            and not self.core.c_split.preface_left
+            and not self.core.c_split.pending()
+        )  # what waits starts with a frame's header
     )
     @rule()
     def client_frame_arrives(self) -> None:
