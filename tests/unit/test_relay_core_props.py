@@ -432,13 +432,11 @@ class Link(RuleBasedStateMachine):
     def _quiet_acks(self) -> list[bytes]:
         """The payloads of the client's ACKs waiting in the core's quiet reads."""
         acks = []
-        for chunk in self.core.quiet:
-            at = 0
-            while at < len(chunk):
-                length, ftype, flags, _ = wire.read_head(chunk, at)
+        for chunk in self.core.quiet:  # whole frames each (`LinkCore._quiet`): the relay's one splitter
+            _, _, frames = wire.FrameSplitter(preface=False).feed(chunk)
+            for at, end, ftype, flags, _ in frames:
                 if ftype == wire.PING and flags & wire.ACK:
-                    acks.append(chunk[at + wire.HEADER_LEN : at + wire.HEADER_LEN + length])
-                at += wire.HEADER_LEN + length
+                    acks.append(chunk[at + wire.HEADER_LEN : end])
         return acks
 
     @invariant()
