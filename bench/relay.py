@@ -7,13 +7,15 @@ prints p50/p99 per path and the proxy/direct ratio. Runs against a private real 
 
     .venv/bin/python bench/relay.py                 # real containerd, ~2 minutes
     .venv/bin/python bench/relay.py --runtime fake  # no root needed
+    .venv/bin/python bench/relay.py --floor         # and the create rows through a byte pipe
 
 The hooked CreateContainer row separates the relay from the hook: the proxy's own counters
 (`cri_proxy_hook_seconds` / `cri_proxy_hook_runs` on its /metrics) give the hooks' mean time per
 call, so "relay" is the added p50 less the pre hook's mean (the post hook runs after the answer
 went out). Every container is created through the proxy, so that the proxy knows the node as it
 would in production and no adoption (a pass re-pinning 1,000 containers it learnt from a listing)
-runs in the middle of a measurement.
+runs in the middle of a measurement. With `--floor` the three create rows are run again through
+`bench/pipe.py`, a relay that parses nothing: what two more hops cost here, which no relay avoids.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def hooked_create(
     direct: Target,
     proxy: Target,
     n: int,
-    metrics: str,
+    metrics: str | None,
     blocks: int = 5,
     pod_each: bool = False,
     started: bool = False,
@@ -162,7 +164,8 @@ def hooked_create(
     made first on the same path and not timed: the kubelet's usual shape, a pod of a few containers.
     `started`: one new pod whose containers are each started on their path after the create (not
     timed), as a kubelet starts a pod's container before it creates the next. Returns the pods
-    made (`pod_each`), each with its path, for `remove_pods`."""
+    made, each with its path, for `remove_pods`. `metrics` None: `proxy` is not the
+    proxy but `bench/pipe.py` (no hooks, no cpuset set for it: the request carries one as direct)."""
     from kube import container_config, pod_sandbox_config
 
     path = "/runtime.v1.RuntimeService/CreateContainer"
@@ -177,6 +180,7 @@ def hooked_create(
         return pb.RunPodSandboxResponse.FromString(reply).pod_sandbox_id, config
 
     shared = new_pod("p", "started" if started else "shared")
+    made: list[tuple[Target, str]] = [(proxy, shared[0])]
     d_call, p_call = direct.call(path), proxy.call(path)
     start = {
         name: target.call("/runtime.v1.RuntimeService/StartContainer")
@@ -184,12 +188,11 @@ def hooked_create(
     }
     d: list[float] = []
     p: list[float] = []
-    made: list[tuple[Target, str]] = []
     # what the proxy injects into a BE container here (the BE pool: every online CPU, none reserved),
     # sent direct too: the runtime then does the same work on both paths (it sets a cpuset), and the
     # proxy finds nothing to re-pin when it adopts the direct ones
     cpus = Path("/sys/devices/system/cpu/online").read_text().strip()
-    before = hook_counters(metrics)
+    before = hook_counters(metrics) if metrics else {}
     cpu0 = proxy_cpu()
     for i in range(n):
         for name, fn, out in (
@@ -199,7 +202,7 @@ def hooked_create(
             if pod_each:
                 made.append((direct if name == "d" else proxy, pod_id))
             cfg = container_config(pb, pod, f"h{name}{i}")
-            if name == "d":
+            if name == "d" or metrics is None:
                 cfg.linux.resources.cpuset_cpus = cpus
             request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=cfg, sandbox_config=pod)
             t0 = time.perf_counter()
@@ -210,7 +213,7 @@ def hooked_create(
                 start[name](pb.StartContainerRequest(container_id=cid).SerializeToString(), timeout=60)
     cpu = (proxy_cpu() - cpu0) / n
     time.sleep(0.5)  # the last post hook
-    after = hook_counters(metrics)
+    after = hook_counters(metrics) if metrics else {}
     hook = {}
     for which in ("pre", "post"):
         runs0, secs0 = before.get(("CreateContainer", which), (0.0, 0.0))
@@ -229,6 +232,17 @@ def hooked_create(
     warm = percentile(p[1::2], 0.5) - percentile(d[0::2], 0.5)
     cold = percentile(p[0::2], 0.5) - percentile(d[1::2], 0.5)
     shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
+    if metrics is None:  # the byte pipe: the floor of any relay here, with none of the proxy's work
+        paired = statistics.median(b - a for a, b in zip(d, p, strict=True))
+        print(
+            f"CreateContainer (byte pipe; {shape}; both with cpuset {cpus}) x{n}"
+            f" direct p50 {dp * 1e3:.3f} ms | pipe p50 {pp * 1e3:.3f} ms"
+            f" | added p50 {(pp - dp) * 1e3:.3f} ms (per block of {size}: "
+            f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
+            f" | paired added median {paired * 1e3:.3f} ms",
+            flush=True,
+        )
+        return made
     print(
         f"CreateContainer (hooked; {shape};"
         f" direct with cpuset {cpus}) x{n}"
@@ -317,6 +331,11 @@ def main() -> None:
     parser.add_argument(
         "--relay-mode", choices=("grpc", "frames"), default=None, help="passed to `cri-proxy serve`"
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="the create rows again through a byte pipe (bench/pipe.py): what any relay adds here",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="cri-bench-"))
@@ -386,7 +405,29 @@ def run(
         hooked_create(direct, proxy, args.creates, metrics)
         remove_pods(hooked_create(direct, proxy, args.creates, metrics, pod_each=True))
         hooked_create(direct, proxy, args.creates // 2, metrics, started=True)
+        if args.floor:
+            floor(args, work, runtime_address, direct, procs)
     print(f"proxy RSS: {rss_start} KiB at start, {rss_kib(proxy_proc.pid)} KiB at end", flush=True)
+
+
+def floor(
+    args: argparse.Namespace,
+    work: Path,
+    runtime_address: str,
+    direct: Target,
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """The three create rows through `bench/pipe.py` instead of the proxy: the hops alone."""
+    import pipe
+
+    pipe_proc, pipe_address = pipe.start(work, runtime_address)
+    procs.append(pipe_proc)
+    piped = Target(pipe_address)
+    # each row's pods removed after it: the containers these rows add would take containerd past its
+    # open files (it keeps each created container's log pipes open)
+    remove_pods(hooked_create(direct, piped, args.creates, None))
+    remove_pods(hooked_create(direct, piped, args.creates, None, pod_each=True))
+    remove_pods(hooked_create(direct, piped, args.creates // 2, None, started=True))
 
 
 if __name__ == "__main__":
