@@ -31,6 +31,9 @@ class _Half(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.peer is not None and self.peer.early:  # what the other side read meanwhile, first
+            self.transport.writelines(self.peer.early)
+            self.peer.early = []
 
     def data_received(self, data: bytes) -> None:
         peer = self.peer
@@ -64,10 +67,6 @@ class _Client(_Half):
         except OSError:
             if self.transport is not None:
                 self.transport.close()
-            return
-        assert runtime.transport is not None
-        runtime.transport.writelines(self.early)
-        self.early = []
 
 
 async def serve(listen: str, to: str) -> None:
