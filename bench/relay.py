@@ -248,24 +248,23 @@ def hooked_create(
     warm = percentile(p[1::2], 0.5) - percentile(d[0::2], 0.5)
     cold = percentile(p[0::2], 0.5) - percentile(d[1::2], 0.5)
     shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
+    paired = statistics.median(b - a for a, b in zip(d, p, strict=True))
+    figures = (
+        f" | added p50 {(pp - dp) * 1e3:.3f} ms ({interval}per block of {size}: "
+        f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
+        f" | paired added median {paired * 1e3:.3f} ms"
+    )
     if metrics is None:  # the byte pipe: the floor of any relay here, with none of the proxy's work
-        paired = statistics.median(b - a for a, b in zip(d, p, strict=True))
         print(
             f"CreateContainer (byte pipe; {shape}; both with cpuset {cpus}) x{n}"
-            f" direct p50 {dp * 1e3:.3f} ms | pipe p50 {pp * 1e3:.3f} ms"
-            f" | added p50 {(pp - dp) * 1e3:.3f} ms ({interval}per block of {size}: "
-            f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
-            f" | paired added median {paired * 1e3:.3f} ms",
+            f" direct p50 {dp * 1e3:.3f} ms | pipe p50 {pp * 1e3:.3f} ms{figures}",
             flush=True,
         )
         return made
     print(
         f"CreateContainer (hooked; {shape};"
         f" direct with cpuset {cpus}) x{n}"
-        f" direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms"
-        f" | added p50 {(pp - dp) * 1e3:.3f} ms ({interval}per block of {size}: "
-        f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
-        f" | paired added median {statistics.median(b - a for a, b in zip(d, p, strict=True)) * 1e3:.3f} ms"
+        f" direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms{figures}"
         f" | added p50 with each path's previous call on that path {warm * 1e3:.3f} ms,"
         f" on the other path {cold * 1e3:.3f} ms"
         f" | hook mean pre {hook['pre'] * 1e3:.3f} ms, post {hook['post'] * 1e3:.3f} ms (after the answer)"
