@@ -62,7 +62,7 @@ from google.protobuf.message import Message
 from cri_proxy.relay import messages, wire
 from cri_proxy.relay.flow import Budget, Windows
 from cri_proxy.relay.headerblock import BlockError, HeaderBlocks, Headers, header_value
-from cri_proxy.relay.hooks import Hooks
+from cri_proxy.relay.hooks import Hooks, Ready
 from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
 from cri_proxy.relay.streams import HookedRequest, Stream
 from cri_proxy.relay.wire import Buf
@@ -105,7 +105,7 @@ class RunPre:
 class RunPost:
     info: MethodInfo
     hooks: Hooks
-    request: Message
+    request: Message | bytes
     response: bytes
 
 
@@ -113,7 +113,7 @@ class RunPost:
 class RunFailed:
     info: MethodInfo
     hooks: Hooks
-    request: Message
+    request: Message | bytes
     code: int
 
 
@@ -122,7 +122,18 @@ class CancelPre:
     stream: int
 
 
-Event = RunPre | RunPost | RunFailed | CancelPre
+@dataclass(frozen=True, slots=True)
+class Readied:
+    """A request went on with what its hooks had ready (`Hooks.ready`): decode it as sent, for
+    `ready.after` and the hooks after the call."""
+
+    stream: int
+    info: MethodInfo
+    ready: Ready
+    request: bytes
+
+
+Event = RunPre | RunPost | RunFailed | CancelPre | Readied
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +219,9 @@ class LinkCore:
         self.warnings: list[str] = []
         # pre hooks cancelled with their call: if one finished first, its work is rolled back
         self.orphans: dict[int, tuple[MethodInfo, Hooks, int]] = {}
+        # hooked requests that went ready (`Hooks.ready`) in this read: sent once the read's frames
+        # before theirs went on (their HEADERS among them)
+        self.ready_now: list[Stream] = []
 
     # -- output -----------------------------------------------------------------------------------
     def take_client(self) -> list[Buf]:
@@ -414,6 +428,10 @@ class LinkCore:
             else:
                 out.append(chunk)  # what `win.send` does with no flow and nothing waiting
         self.c_split.keep(buf, end)
+        if self.ready_now:
+            ready, self.ready_now = self.ready_now, []
+            for st in ready:
+                self._pump(st)
         if self.own_r:
             self._flush_own_r()
         if self.credit and self._credit_due():
@@ -538,7 +556,9 @@ class LinkCore:
             self._end_request(st, hook, trailers=False)
 
     def _end_request(self, st: Stream, hook: HookedRequest, trailers: bool) -> None:
-        """The client ended its hooked request: unpack it and ask for the pre hook."""
+        """The client ended its hooked request: unpack it and ask for the pre hook, or send it on
+        now with what its hooks have ready (`Hooks.ready`; not for a compressed one, nor one with
+        trailers, which wait for it)."""
         hook.released = True
         hook.trailers = trailers
         body = b"".join(hook.held)
@@ -549,6 +569,18 @@ class LinkCore:
         except messages.MessageError as exc:
             self.events.append(RunPre(st.id, hook.info, hook.hooks, None, str(exc)))
         else:
+            ready = hook.hooks.ready
+            if ready is not None and not hook.encoding and not trailers:
+                r = ready(message, hook.info)
+                if r is not None:
+                    raw = b"".join((message, r.patch))
+                    hook.out = messages.pack(raw, False)
+                    hook.sending = True
+                    st.sent_at = st.began
+                    hook.request = raw  # decoded after the write (`Readied`), for the hooks after the call
+                    self.events.append(Readied(st.id, hook.info, r, raw))
+                    self.ready_now.append(st)
+                    return
             self.events.append(RunPre(st.id, hook.info, hook.hooks, message))
         hook.running = True
         if trailers:

@@ -16,7 +16,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from loguru import logger
 
-from cri_proxy.relay.hooks import FailPolicy, HookError, Hooks
+from cri_proxy.relay.hooks import FailPolicy, HookError, Hooks, Ready
 from cri_proxy.relay.methods import MethodInfo
 
 CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
@@ -99,11 +99,46 @@ class HookRunner:
             changed = message
         return Forward(changed.SerializeToString(), changed)
 
-    async def post(self, info: MethodInfo, hooks: Hooks, request: Message, raw: bytes) -> None:
-        """The runtime answered OK: hand its decoded response to the post hook."""
+    def readied(self, info: MethodInfo, ready: Ready, raw: bytes) -> None:
+        """A request that went on with what its hooks had ready (`Hooks.ready`), as `raw`: decoded
+        now for `ready.after`; counted as the pre hook's run, outcome "ready". One that does not
+        decode went on as the `ignore` fail policy sends such a request: counted and logged as the
+        pre hook's path does, and no hook sees it."""
+        began = perf_counter()
+        try:
+            message = info.request_type.FromString(raw)
+        except DecodeError as exc:
+            self._count(info, "pre", "undecodable", began)
+            logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
+            return
+        try:
+            ready.after(message)
+        except Exception as exc:  # a hook bug: logged; the call went on
+            self._count(info, "pre", "error", began)
+            logger.opt(exception=exc).error("{}: pre hook failed (request sent): {}", info.path, exc)
+            return
+        self._count(info, "pre", "ready", began)
+
+    @staticmethod
+    def _sent(info: MethodInfo, raw: bytes) -> Message | None:
+        """A ready request as it went on, for the hooks after its call; None when it does not
+        decode (counted when it went: `readied`)."""
+        try:
+            return info.request_type.FromString(raw)
+        except DecodeError:
+            return None
+
+    async def post(self, info: MethodInfo, hooks: Hooks, request: Message | bytes, raw: bytes) -> None:
+        """The runtime answered OK: hand its decoded response to the post hook (and the request,
+        decoded now when it went on ready, as bytes)."""
         if hooks.post is None:
             return
         began = perf_counter()
+        if isinstance(request, bytes):
+            decoded = self._sent(info, request)
+            if decoded is None:
+                return
+            request = decoded
         try:
             response = info.response_type.FromString(raw)
         except DecodeError as exc:
@@ -112,11 +147,16 @@ class HookRunner:
             return
         await self._settle(info, "post", began, hooks.post(request, response, info))
 
-    async def failed(self, info: MethodInfo, hooks: Hooks, request: Message, code: int) -> None:
+    async def failed(self, info: MethodInfo, hooks: Hooks, request: Message | bytes, code: int) -> None:
         """The call did not succeed (refused, cancelled, runtime lost): let the hooks roll back."""
         if hooks.failed is None:
             return
         began = perf_counter()
+        if isinstance(request, bytes):
+            decoded = self._sent(info, request)
+            if decoded is None:
+                return
+            request = decoded
         status = CODES.get(code, grpc.StatusCode.UNKNOWN)
         await self._settle(info, "failed", began, hooks.failed(request, status, info))
 

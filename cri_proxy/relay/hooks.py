@@ -27,6 +27,25 @@ FailedHook = Callable[[Message, grpc.StatusCode, MethodInfo], Awaitable[None]]
 """Gets the request as forwarded when the runtime refused it (e.g. to roll back accounting)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A pre hook's answer known without running it, so the request goes on from the read that
+    ended it, with no round trip to the hook: `patch` is appended to the request (a partial message
+    of its type, which the receiver merges over the request's own fields, as protobuf merges a
+    message field that comes twice); `after` gets the request as sent, decoded once it went on.
+
+    The request is not decoded before it goes: one that then does not decode is counted and logged
+    as under the `ignore` fail policy, and no hook sees it (`after` neither). A ready hook therefore
+    answers None where the fail policy is `fail`: the pre hook's path refuses such a request."""
+
+    patch: bytes
+    after: Callable[[Message], None]
+
+
+ReadyHook = Callable[[bytes, MethodInfo], "Ready | None"]
+"""Gets the request's bytes (one whole message, not compressed); None: the pre hook runs."""
+
+
 class HookError(CriProxyError):
     """Raised by a hook to refuse a call on purpose, with the status the caller should see."""
 
@@ -49,6 +68,7 @@ class Hooks:
     post: PostHook | None = None
     failed: FailedHook | None = None
     fail_policy: FailPolicy | None = None  # this method's own; None: the configured default
+    ready: ReadyHook | None = None
 
 
 class HookTable:
@@ -66,6 +86,7 @@ class HookTable:
         failed: FailedHook | None = None,
         service: str = "RuntimeService",
         fail_policy: FailPolicy | None = None,
+        ready: ReadyHook | None = None,
     ) -> None:
         """Hook `service/name` in every API version this build knows."""
         if service not in SERVICES:
@@ -76,7 +97,9 @@ class HookTable:
         for path in paths:
             if KNOWN[path].shape is not Shape.UNARY:
                 raise ValueError(f"{service}/{name} is streaming; only unary methods take hooks")
-            self._by_path[path] = Hooks(pre=pre, post=post, failed=failed, fail_policy=fail_policy)
+            self._by_path[path] = Hooks(
+                pre=pre, post=post, failed=failed, fail_policy=fail_policy, ready=ready
+            )
 
     def get(self, path: str) -> Hooks | None:
         return self._by_path.get(path)

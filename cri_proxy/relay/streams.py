@@ -30,7 +30,7 @@ class HookedRequest:
     out_at: int = 0
     sending: bool = False
     finished: bool = False  # END_STREAM sent to the runtime, or nothing more will be
-    request: Message | None = None  # as forwarded, for the post/failed hooks
+    request: Message | bytes | None = None  # as forwarded (bytes: not decoded yet), for the post/failed hooks
     response: bytearray = field(default_factory=bytearray)
 
 

@@ -19,7 +19,17 @@ from cri_proxy.config import Config
 from cri_proxy.endpoints import socket_path
 from cri_proxy.errors import EndpointError
 from cri_proxy.relay import inline, standin
-from cri_proxy.relay.core import CancelPre, Event, Limits, LinkCore, PreDone, RunFailed, RunPost, RunPre
+from cri_proxy.relay.core import (
+    CancelPre,
+    Event,
+    Limits,
+    LinkCore,
+    PreDone,
+    Readied,
+    RunFailed,
+    RunPost,
+    RunPre,
+)
 from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.forward import CallObserver
 from cri_proxy.relay.heap import HeapTrim, malloc_trim
@@ -411,6 +421,8 @@ class Link(asyncio.Protocol):
             self._after_call(runner.post(event.info, event.hooks, event.request, event.response))
         elif isinstance(event, RunFailed):
             self._after_call(runner.failed(event.info, event.hooks, event.request, event.code))
+        elif isinstance(event, Readied):
+            runner.readied(event.info, event.ready, event.request)
 
     def _after_call(self, hook: Coroutine[Any, Any, None]) -> None:
         """A hook after the call (its answer is written): run now; one that waits goes on in a task."""

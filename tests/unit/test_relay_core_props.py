@@ -21,8 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.relay import wire
-from cri_proxy.relay.core import OK, CancelPre, Limits, LinkCore, PreDone, RunPre
-from cri_proxy.relay.hooks import Hooks
+from cri_proxy.relay.core import OK, CancelPre, Limits, LinkCore, PreDone, Readied, RunPre
+from cri_proxy.relay.hooks import Hooks, Ready
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
@@ -33,7 +33,15 @@ async def _pre(request, info):  # type: ignore[no-untyped-def]  # never run: the
     return request
 
 
-HOOKS = Hooks(pre=_pre)
+PATCH = b"\x12\x03\x7a\x01\x00"  # what a ready hook appends (any bytes: the core does not read them)
+
+
+def _ready(message, info):  # type: ignore[no-untyped-def]
+    """Ready for some requests (by their length), as a hook that read its decision ahead is."""
+    return Ready(PATCH, lambda sent: None) if len(message) % 2 == 0 else None
+
+
+HOOKS = Hooks(pre=_pre, ready=_ready)
 
 
 _GOOD_BLOCK = b"".join(
@@ -88,6 +96,7 @@ class Link(RuleBasedStateMachine):
         self.answered: dict[int, bytearray] = {}  # client: response bytes per stream
         self.statuses: dict[int, bytes] = {}
         self.pres: list[int] = []  # pre hooks asked for, not yet ended
+        self.readied = 0  # hooked requests sent with what their hooks had ready
         self.runtime_pinged: list[bytes] = []  # the runtime's PING payloads, in order
         self.runtime_acked: list[bytes] = []  # ... the ACKs it got back
         self.client_pinged: list[bytes] = []  # ... the PINGs the client got
@@ -122,6 +131,9 @@ class Link(RuleBasedStateMachine):
         for event in self.core.take_events():
             if isinstance(event, RunPre):
                 self.pres.append(event.stream)
+            elif isinstance(event, Readied):  # sent with its patch, no pre hook to wait for
+                self.expect_body[event.stream] = framed(event.request)
+                self.readied += 1
             elif isinstance(event, CancelPre) and event.stream in self.pres:
                 self.pres.remove(event.stream)
                 self.core.hook_cancelled(event.stream)
