@@ -25,6 +25,13 @@ def _json_sink(message: Any) -> None:
 _debug = True  # until `setup_logging` says: another set-up (a test's sink) may want every level
 
 
+def set_debug_enabled(enabled: bool) -> bool:
+    """For a set-up of its own (a test's sinks), what `debug_enabled` answers; the last answer."""
+    global _debug
+    last, _debug = _debug, enabled
+    return last
+
+
 def debug_enabled() -> bool:
     """Whether DEBUG lines go anywhere (as `setup_logging` set the level): a line that costs even
     to put aside (a bound logger, a lazy record) is not made on a call's path when they do not."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ from loguru import logger
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, Problem, ProblemKind, QoS
 from cri_proxy.cpu.decide import ContainerDecision, may_move_pools
+from cri_proxy.enforce.createkeys import create_keys
 from cri_proxy.enforce.naming import about, about_pod
 from cri_proxy.enforce.policy import Early, Policy
 from cri_proxy.enforce.reconciler import Reconciler
@@ -28,8 +30,8 @@ from cri_proxy.errors import CpuError
 from cri_proxy.logs import debug_enabled, put_off, soon
 from cri_proxy.redact import dump
 from cri_proxy.relay.forward import FailPolicy
-from cri_proxy.relay.hooks import HookError, HookTable
-from cri_proxy.relay.methods import MethodInfo
+from cri_proxy.relay.hooks import HookError, HookTable, Ready
+from cri_proxy.relay.methods import KNOWN, MethodInfo
 from cri_proxy.state.model import (
     LIVE_STATES,
     ContainerRecord,
@@ -72,6 +74,16 @@ def _say(pod: PodRecord, container: str, level: str, message: str, *args: object
     (`put_off`), the binding too."""
     log, who = about_pod(pod, container)
     log.log(level, "{}: " + message, who, *args)
+
+
+@lru_cache(maxsize=64)  # a node's few pools, and what its bindings give
+def _cpuset_patch(path: str, cpus: str) -> bytes:
+    """A partial CreateContainerRequest (of method `path`'s version) that sets the cpuset: appended
+    to a request, it is merged over the request's own fields (`EnforceHooks.ready_create`)."""
+    partial: Any = KNOWN[path].request_type()
+    partial.config.linux.resources.cpuset_cpus = cpus
+    data: bytes = partial.SerializeToString()
+    return data
 
 
 def pending_id(sandbox_id: str, name: str, attempt: int) -> str:
@@ -152,6 +164,7 @@ class EnforceHooks:
             pre=self.create_container,
             post=self.container_created,
             failed=self.create_failed,
+            ready=self.ready_create,
         )
         table.register("UpdateContainerResources", pre=self.update_resources, post=self.resources_updated)
         table.register("StartContainer", post=self.container_started)
@@ -273,6 +286,37 @@ class EnforceHooks:
                 self._said(pid, "; not forwarded: the call was cancelled")
                 raise
         return request
+
+    def ready_create(self, message: bytes, info: MethodInfo) -> Ready | None:
+        """The usual create's pre hook without running it (`Hooks.ready`), so that its request goes
+        on from the relay's read: a create in a known pod whose decision was read ahead
+        (`Policy.before_create`) and needs nothing but a cpuset set (`_sure`). Only its keys are
+        parsed (`create_keys`); the cpuset goes as a patch the runtime merges over the request's
+        own; the pending record and the line follow once the request went on (`after`). Else None
+        and the pre hook runs: a debug line to write, keys that do not decode, an unknown pod, an
+        exclusive or dry-run create, or the `fail` policy (a request that does not decode is then
+        refused before it goes, which only the pre hook's path does)."""
+        if debug_enabled() or self.settings().fail_policy == FailPolicy.FAIL.value:  # no enum made
+            return None
+        keys = create_keys(message)
+        if keys is None:
+            return None
+        sandbox_id, name, attempt = keys
+        pod = self.state.pod(sandbox_id)
+        if pod is None:
+            return None
+        pid = pending_id(sandbox_id, name, attempt)
+        early = self.policy.before_create(pod, pid)
+        if early is None or not self._sure(early.decision):
+            return None
+        cpus = str(early.decision.cpuset)
+
+        def after(sent: Message) -> None:
+            resources = resources_bytes(sent.config.linux.resources)  # type: ignore[attr-defined]
+            self._unrecorded[pid] = (_Pending(pod, pid, name, attempt, resources, info.version), early, cpus)
+            self._record(pid)
+
+        return Ready(_cpuset_patch(info.path, cpus), after)
 
     def _sure(self, decision: ContainerDecision) -> bool:
         """Whether a decision read early (`Policy.before_create`) is all a create needs on its path:

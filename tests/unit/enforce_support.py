@@ -16,6 +16,7 @@ import grpc.aio
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
 from cri_proxy.fake_runtime.server import FakeOptions, FakeRuntime
+from cri_proxy.logs import set_debug_enabled
 from cri_proxy.serve import Proxy
 
 QOS_LABEL = "koordinator.sh/qosClass"
@@ -138,38 +139,45 @@ async def node(
     numa: Mapping[int, str] | None = None,
     fake: FakeRuntime | None = None,
     kubelet_state: Any = None,
+    debug: bool = False,
     **config: Any,
 ) -> AsyncIterator[Node]:
-    """A fake runtime (or `fake`) and a full proxy in front of it; both stopped at the end."""
-    sysfs = fake_sysfs(tmp / "sys", numa or {0: "0-7", 1: "8-15"})
-    runtime_ep = f"unix://{tmp}/runtime.sock"
-    own_fake = fake is None
-    if fake is None:
-        fake = FakeRuntime(FakeOptions(listen=runtime_ep))
-        await fake.start()
-    else:
-        runtime_ep = fake.opts.listen
-    kubelet_file = tmp / "cpu_manager_state"
-    if kubelet_state is not None:
-        kubelet_file.write_text(json.dumps(kubelet_state))
-    settings = dict(
-        listen=f"unix://{tmp}/proxy.sock",
-        runtime_endpoint=runtime_ep,
-        state_dir=str(tmp / "state"),
-        kubelet_state_file=str(kubelet_file),
-        sysfs_root=str(sysfs),
-        kubelet_poll_seconds=0.05,
-    )
-    settings.update(config)
-    proxy = Proxy(Config(**settings).validate())
-    await proxy.start()
-    channel = grpc.aio.insecure_channel(settings["listen"])
-    admin = grpc.aio.insecure_channel(proxy.config.admin_endpoint)
+    """A fake runtime (or `fake`) and a full proxy in front of it; both stopped at the end. DEBUG
+    lines are made as under `--log-level debug` when `debug`, else not, as under the default INFO
+    (a create then goes on by the path a node takes: `EnforceHooks.ready_create`)."""
+    debug_was = set_debug_enabled(debug)
     try:
-        yield Node(tmp, proxy, fake, channel, admin)
+        sysfs = fake_sysfs(tmp / "sys", numa or {0: "0-7", 1: "8-15"})
+        runtime_ep = f"unix://{tmp}/runtime.sock"
+        own_fake = fake is None
+        if fake is None:
+            fake = FakeRuntime(FakeOptions(listen=runtime_ep))
+            await fake.start()
+        else:
+            runtime_ep = fake.opts.listen
+        kubelet_file = tmp / "cpu_manager_state"
+        if kubelet_state is not None:
+            kubelet_file.write_text(json.dumps(kubelet_state))
+        settings = dict(
+            listen=f"unix://{tmp}/proxy.sock",
+            runtime_endpoint=runtime_ep,
+            state_dir=str(tmp / "state"),
+            kubelet_state_file=str(kubelet_file),
+            sysfs_root=str(sysfs),
+            kubelet_poll_seconds=0.05,
+        )
+        settings.update(config)
+        proxy = Proxy(Config(**settings).validate())
+        await proxy.start()
+        channel = grpc.aio.insecure_channel(settings["listen"])
+        admin = grpc.aio.insecure_channel(proxy.config.admin_endpoint)
+        try:
+            yield Node(tmp, proxy, fake, channel, admin)
+        finally:
+            await channel.close(None)
+            await admin.close(None)
+            await proxy.stop()
+            if own_fake:
+                await fake.stop(0)
     finally:
-        await channel.close(None)
-        await admin.close(None)
-        await proxy.stop()
-        if own_fake:
-            await fake.stop(0)
+        set_debug_enabled(debug_was)

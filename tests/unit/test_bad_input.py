@@ -113,6 +113,23 @@ def bad_utf8(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
     return seed + _tag(rng.choice(_string_fields(info)), 2) + _varint(len(value)) + value
 
 
+def bad_nested(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
+    """A string that is not UTF-8 inside a nested message: where a create's keys are not, so only
+    the whole request does not decode (`create_keys`)."""
+    nested = [
+        f
+        for f in info.request_type.DESCRIPTOR.fields
+        if f.type == f.TYPE_MESSAGE and any(g.type == g.TYPE_STRING for g in f.message_type.fields)
+    ]
+    if not nested:
+        return bad_utf8(rng, seed, info)
+    field = rng.choice(nested)
+    string = rng.choice([g.number for g in field.message_type.fields if g.type == g.TYPE_STRING])
+    value = bytes(rng.choice((0x80, 0xFE, 0xFF)) for _ in range(rng.randint(1, 8))) + b"\xc3"
+    inner = _tag(string, 2) + _varint(len(value)) + value
+    return seed + _tag(field.number, 2) + _varint(len(inner)) + inner
+
+
 Generator = Callable[[random.Random, bytes, MethodInfo], bytes]
 GENERATORS: dict[str, Generator] = {
     "random": random_bytes,
@@ -123,8 +140,9 @@ GENERATORS: dict[str, Generator] = {
     "varint": overlong_varint,
     "field-zero": field_zero,
     "utf8": bad_utf8,
+    "nested": bad_nested,
 }
-NEVER_DECODE = ("wire-type", "length", "varint", "field-zero", "utf8")
+NEVER_DECODE = ("wire-type", "length", "varint", "field-zero", "utf8", "nested")
 
 
 def valid_request(info: MethodInfo, sandbox_id: str, container_id: str) -> Message:
@@ -200,7 +218,8 @@ class LiveNode:
 
     def set_fail_policy(self, policy: FailPolicy) -> None:
         settings = self.node.proxy.settings
-        settings.swap(replace(settings.current, fail_policy=policy.value))
+        if settings.current.fail_policy != policy.value:
+            settings.swap(replace(settings.current, fail_policy=policy.value))
 
 
 def call(channel: grpc.Channel, path: str, raw: bytes) -> tuple[grpc.StatusCode, str]:
@@ -221,9 +240,11 @@ class Fuzzer:
         self._dirty = True  # the state may still be settling after a request that decoded
         self._sink = logger.add(self._log, level="ERROR", format="{message}")
         sandbox, ids = live.run(live.node.run_pod("fuzz", "burstable", {QOS_LABEL: "LS"}))
+        self.sandbox = sandbox
         self.seeds = {
             path: valid_request(KNOWN[path], sandbox, ids["main"]).SerializeToString() for path in PATHS
         }
+        self.readied = 0  # creates that went on with their hooks' answer ready (`ready_create`)
 
     def _log(self, message: Any) -> None:
         self.hook_errors.append(str(message).strip()[:300])
@@ -242,6 +263,8 @@ class Fuzzer:
         live.set_fail_policy(policy)
         good = decodes(info, raw)
         before = self._settle() if self._dirty or not good else state.generation
+        if info.name == "CreateContainer":  # the usual create's way, when its keys decode
+            self.readied += live.run(self._ready(raw, info))
         code, details = call(live.proxy_channel, path, raw)
         assert code is not grpc.StatusCode.DEADLINE_EXCEEDED, f"{path}: no answer in {CALL_TIMEOUT} s"
         assert "hook failed" not in details, f"{path}: {details}"
@@ -263,6 +286,14 @@ class Fuzzer:
         assert not self.hook_errors, self.hook_errors
         self.outcomes[outcome] += 1
         return outcome
+
+    async def _ready(self, raw: bytes, info: MethodInfo) -> bool:
+        """Whether the create goes on with no pre hook run (`EnforceHooks.ready_create`), with its
+        decision read ahead as the hooks do between calls after a change."""
+        proxy = self.live.node.proxy
+        proxy.policy.plan()
+        proxy.policy.prepare([self.sandbox])
+        return proxy.hooks.ready_create(raw, info) is not None
 
     def check_consistent(self, within: float = 5.0) -> None:
         """Every container's sandbox known, nothing pending, once the call's post or failed hook
@@ -315,6 +346,8 @@ def test_every_method_and_version_refuses_or_forwards_what_does_not_decode(fuzz:
             for policy in POLICIES:
                 expected = "invalid-argument" if policy is FailPolicy.FAIL else "runtime-answer"
                 assert fuzz.one(path, raw, policy) == expected
+    # a create damaged only where its keys are not goes on at once, as the usual create does
+    assert fuzz.readied >= 2, fuzz.readied
 
 
 @settings(
@@ -447,12 +480,23 @@ def test_non_utf8_annotation_is_a_request_that_does_not_decode(tmp_path: Path) -
             with pytest.raises(DecodeError):
                 pb.RunPodSandboxRequest.FromString(run_raw)
             await n.settle()  # the start's cgroup check is done
+            info = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
+            runs = n.proxy.relay.forwarder.runner.runs
+            undecodable = ("CreateContainer", "pre", "undecodable")
             generation = n.proxy.state.generation
             direct = grpc.aio.insecure_channel(n.fake.opts.listen)
+            counted = runs[undecodable]
             for policy in FailPolicy:
                 n.proxy.settings.swap(replace(n.proxy.settings.current, fail_policy=policy.value))
+                n.proxy.policy.plan()  # what the hooks make between calls after a change, and read ahead
+                n.proxy.policy.prepare([sandbox])
                 for method, raw in (("RunPodSandbox", run_raw), ("CreateContainer", create_raw)):
                     path = f"/runtime.v1.RuntimeService/{method}"
+                    if method == "CreateContainer":
+                        # what the relay asks first: under `ignore` the create goes on with no pre
+                        # hook run, only its keys parsed (they decode), its decision read ahead
+                        ready = n.proxy.hooks.ready_create(raw, info)
+                        assert (ready is None) is (policy is FailPolicy.FAIL)
                     with pytest.raises(grpc.aio.AioRpcError) as error:
                         await n.channel.unary_unary(path)(raw, timeout=5)
                     if policy is FailPolicy.FAIL:  # refused here
@@ -461,6 +505,9 @@ def test_non_utf8_annotation_is_a_request_that_does_not_decode(tmp_path: Path) -
                         with pytest.raises(grpc.aio.AioRpcError) as runtime_says:
                             await direct.unary_unary(path)(raw, timeout=5)
                         assert error.value.code() is runtime_says.value.code(), error.value
+                    if method == "CreateContainer":  # counted as such on either path
+                        assert runs[undecodable] == counted + 1
+                        counted += 1
             await direct.close(None)
             assert n.proxy.state.generation == generation
             assert len(n.fake.store.sandboxes) == 1

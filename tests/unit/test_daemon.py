@@ -178,7 +178,8 @@ def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
         assert 'cri_proxy_overhead_seconds_count{method="RuntimeService/Version"} 1.0' in text
         assert 'cri_proxy_runtime_duration_seconds_count{method="RuntimeService/Version"} 1.0' in text
         assert 'cri_proxy_injections_total{qos="BE"} 1.0' in text
-        assert 'cri_proxy_hook_runs_total{hook="pre",method="CreateContainer",outcome="ok"} 1.0' in text
+        # the usual create goes on with its hooks' answer ready (`EnforceHooks.ready_create`)
+        assert 'cri_proxy_hook_runs_total{hook="pre",method="CreateContainer",outcome="ready"} 1.0' in text
         assert 'cri_proxy_hook_seconds_total{hook="pre",method="CreateContainer"}' in text
         assert "cri_proxy_pods_tracked 1.0" in text and "cri_proxy_containers_tracked 1.0" in text
         assert "cri_proxy_runtime_up 1.0" in text and "cri_proxy_reconcile_passes_total" in text
