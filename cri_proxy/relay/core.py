@@ -648,6 +648,14 @@ class LinkCore:
             self._pump(st)
         self._after()
 
+    def request_decoded(self, sid: int, request: Message | None) -> None:
+        """A request that went on ready (`Readied`), decoded after the write: what the hooks after
+        its call get, not its bytes again; None: it did not decode, and they run for it no more
+        than for one the pre hook's path forwarded undecoded."""
+        st = self.streams.get(sid)
+        if st is not None and st.hook is not None and isinstance(st.hook.request, bytes):
+            st.hook.request = request
+
     def hook_cancelled(self, sid: int) -> None:
         """A pre hook was cancelled before it ended (its call had ended): nothing to roll back."""
         self.orphans.pop(sid, None)

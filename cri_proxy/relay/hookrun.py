@@ -99,30 +99,31 @@ class HookRunner:
             changed = message
         return Forward(changed.SerializeToString(), changed)
 
-    def readied(self, info: MethodInfo, ready: Ready, raw: bytes) -> None:
+    def readied(self, info: MethodInfo, ready: Ready, raw: bytes) -> Message | None:
         """A request that went on with what its hooks had ready (`Hooks.ready`), as `raw`: decoded
-        now for `ready.after`; counted as the pre hook's run, outcome "ready". One that does not
-        decode went on as the `ignore` fail policy sends such a request: counted and logged as the
-        pre hook's path does, and no hook sees it."""
+        now for `ready.after` and returned for the hooks after the call; counted as the pre hook's
+        run, outcome "ready". One that does not decode went on as the `ignore` fail policy sends
+        such a request: counted and logged as the pre hook's path does; None, no hook sees it."""
         began = perf_counter()
         try:
             message = info.request_type.FromString(raw)
         except DecodeError as exc:
             self._count(info, "pre", "undecodable", began)
             logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
-            return
+            return None
         try:
             ready.after(message)
         except Exception as exc:  # a hook bug: logged; the call went on
             self._count(info, "pre", "error", began)
             logger.opt(exception=exc).error("{}: pre hook failed (request sent): {}", info.path, exc)
-            return
+            return message
         self._count(info, "pre", "ready", began)
+        return message
 
     @staticmethod
     def _sent(info: MethodInfo, raw: bytes) -> Message | None:
-        """A ready request as it went on, for the hooks after its call; None when it does not
-        decode (counted when it went: `readied`)."""
+        """A ready request as it went on, for the hooks after a call that ended before it was
+        decoded (`readied`); None when it does not decode (counted then)."""
         try:
             return info.request_type.FromString(raw)
         except DecodeError:

@@ -422,7 +422,7 @@ class Link(asyncio.Protocol):
         elif isinstance(event, RunFailed):
             self._after_call(runner.failed(event.info, event.hooks, event.request, event.code))
         elif isinstance(event, Readied):
-            runner.readied(event.info, event.ready, event.request)
+            self.core.request_decoded(event.stream, runner.readied(event.info, event.ready, event.request))
 
     def _after_call(self, hook: Coroutine[Any, Any, None]) -> None:
         """A hook after the call (its answer is written): run now; one that waits goes on in a task."""

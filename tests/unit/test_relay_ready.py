@@ -43,9 +43,13 @@ def _framed(body: bytes) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
-def _call(ready_for: bool, trailers: bool = False) -> tuple[list[h2.events.Event], list[object], bytes]:
+def _call(
+    ready_for: bool, trailers: bool = False, decoded: str = ""
+) -> tuple[list[h2.events.Event], list[object], bytes]:
     """One create through a core between two h2 peers: (the runtime's events, the core's events,
-    the request the client sent)."""
+    the request the client sent). `decoded`: what the adapter hands back for a ready request
+    before the answer comes (`request_decoded`): "" nothing, "message" the request decoded,
+    "none" that it did not decode."""
 
     def ready(message: bytes, info: object) -> Ready | None:
         return Ready(PATCH, lambda sent: None) if ready_for else None
@@ -75,6 +79,10 @@ def _call(ready_for: bool, trailers: bool = False) -> tuple[list[h2.events.Event
         client.send_headers(1, [("x-t", "1")], end_stream=True)
     core.receive_from_client(client.data_to_send())
     events = core.take_events()
+    for event in events:
+        if isinstance(event, Readied) and decoded:
+            message = v1.CreateContainerRequest.FromString(event.request) if decoded == "message" else None
+            core.request_decoded(event.stream, message)
     got = server.receive_data(b"".join(core.take_runtime()))
     # the runtime answers; the core then asks for the hooks after the call
     server.send_headers(1, [(":status", "200"), ("content-type", "application/grpc")])
@@ -100,6 +108,15 @@ def test_a_ready_request_goes_on_at_once_with_its_patch() -> None:
     (post,) = [e for e in events if isinstance(e, RunPost)]
     sent = v1.CreateContainerRequest.FromString(post.request)  # as sent: the patch merged in
     assert sent.config.linux.resources.cpuset_cpus == "2-3" and sent.config.metadata.name == "c"
+
+
+def test_the_hooks_after_the_call_get_the_request_decoded_after_the_write_or_none() -> None:
+    _, events, _ = _call(ready_for=True, decoded="message")
+    (post,) = [e for e in events if isinstance(e, RunPost)]
+    assert isinstance(post.request, v1.CreateContainerRequest)  # not decoded twice
+    assert post.request.config.linux.resources.cpuset_cpus == "2-3"
+    _, events, _ = _call(ready_for=True, decoded="none")  # it did not decode: no hook sees it
+    assert not [e for e in events if isinstance(e, RunPost)]
 
 
 def test_a_request_not_ready_waits_for_its_pre_hook() -> None:
@@ -138,8 +155,9 @@ def _runner() -> HookRunner:
 def test_a_ready_request_is_decoded_as_sent_for_its_after_and_counted_ready() -> None:
     runner = _runner()
     seen: list[Message] = []
-    runner.readied(INFO, Ready(PATCH, seen.append), SENT + PATCH)
+    returned = runner.readied(INFO, Ready(PATCH, seen.append), SENT + PATCH)
     (sent,) = seen
+    assert returned is sent  # for the hooks after the call, through the core
     assert isinstance(sent, v1.CreateContainerRequest)
     assert sent.pod_sandbox_id == "p1" and sent.config.linux.resources.cpuset_cpus == "2-3"
     assert runner.runs == {("CreateContainer", "pre", "ready"): 1}
@@ -158,7 +176,7 @@ def test_a_ready_request_that_does_not_decode_is_counted_logged_and_seen_by_no_h
         seen.append(("failed", request))
 
     hooks = Hooks(post=post, failed=failed)
-    runner.readied(INFO, Ready(PATCH, seen.append), UNDECODABLE)
+    assert runner.readied(INFO, Ready(PATCH, seen.append), UNDECODABLE) is None
     response = v1.CreateContainerResponse(container_id="c1").SerializeToString()
     asyncio.run(runner.post(INFO, hooks, UNDECODABLE, response))
     asyncio.run(runner.failed(INFO, hooks, UNDECODABLE, grpc.StatusCode.INTERNAL.value[0]))
