@@ -151,7 +151,8 @@ def sequential(direct: Target, proxy: Target, n: int) -> None:
 
 
 def hook_counters(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
-    """(method, hook) -> (runs, seconds) from the proxy's /metrics."""
+    """(method, hook) -> (runs, seconds) from the proxy's /metrics; (method, "ready") -> (the pre
+    hook's runs that went on ready, 0): their hook's work came after the request's write."""
     text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
     runs: dict[tuple[str, str], float] = {}
     seconds: dict[tuple[str, str], float] = {}
@@ -160,6 +161,8 @@ def hook_counters(metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
         key = (labels["method"], labels["hook"])
         into = runs if m.group(1) == "runs" else seconds
         into[key] = into.get(key, 0.0) + float(m.group(3))
+        if m.group(1) == "runs" and labels.get("outcome") == "ready":
+            runs[(labels["method"], "ready")] = runs.get((labels["method"], "ready"), 0.0) + float(m.group(3))
     return {k: (runs.get(k, 0.0), seconds.get(k, 0.0)) for k in runs.keys() | seconds.keys()}
 
 
@@ -233,6 +236,15 @@ def hooked_create(
         runs0, secs0 = before.get(("CreateContainer", which), (0.0, 0.0))
         runs1, secs1 = after.get(("CreateContainer", which), (0.0, 0.0))
         hook[which] = (secs1 - secs0) / (runs1 - runs0) if runs1 > runs0 else 0.0
+    pre_runs = (
+        after.get(("CreateContainer", "pre"), (0.0, 0.0))[0]
+        - before.get(("CreateContainer", "pre"), (0.0, 0.0))[0]
+    )
+    ready_runs = (
+        after.get(("CreateContainer", "ready"), (0.0, 0.0))[0]
+        - before.get(("CreateContainer", "ready"), (0.0, 0.0))[0]
+    )
+    ready = ready_runs / pre_runs if pre_runs else 0.0  # their pre hook's work came after the write
     dp, pp = percentile(d, 0.5), percentile(p, 0.5)
     lo, hi = added_interval(d, p)
     interval = f"95 % interval {lo * 1e3:.2f} to {hi * 1e3:.2f}; "
@@ -267,8 +279,9 @@ def hooked_create(
         f" direct p50 {dp * 1e3:.3f} ms | proxy p50 {pp * 1e3:.3f} ms{figures}"
         f" | added p50 with each path's previous call on that path {warm * 1e3:.3f} ms,"
         f" on the other path {cold * 1e3:.3f} ms"
-        f" | hook mean pre {hook['pre'] * 1e3:.3f} ms, post {hook['post'] * 1e3:.3f} ms (after the answer)"
-        f" | relay = added - pre {(pp - dp - hook['pre']) * 1e3:.3f} ms"
+        f" | hook mean pre {hook['pre'] * 1e3:.3f} ms ({ready:.0%} of creates ready: after the write),"
+        f" post {hook['post'] * 1e3:.3f} ms (after the answer)"
+        f" | relay = added - pre on the path {(pp - dp - hook['pre'] * (1 - ready)) * 1e3:.3f} ms"
         f" | proxy CPU {cpu * 1e3:.3f} ms a create{' (with its RunPodSandbox)' if pod_each else ''}",
         flush=True,
     )

@@ -571,7 +571,11 @@ class LinkCore:
         else:
             ready = hook.hooks.ready
             if ready is not None and not hook.encoding and not trailers:
-                r = ready(message, hook.info)
+                try:
+                    r = ready(message, hook.info)
+                except Exception as exc:  # a hook's bug: the pre hook's path, where the runner judges it
+                    self.warnings.append(f"{hook.info.path}: ready hook failed: {exc!r}; the pre hook runs")
+                    r = None
                 if r is not None:
                     raw = b"".join((message, r.patch))
                     hook.out = messages.pack(raw, False)

@@ -44,7 +44,7 @@ def _framed(body: bytes) -> bytes:
 
 
 def _call(
-    ready_for: bool, trailers: bool = False, decoded: str = ""
+    ready_for: bool | None, trailers: bool = False, decoded: str = "", core_out: list[LinkCore] | None = None
 ) -> tuple[list[h2.events.Event], list[object], bytes]:
     """One create through a core between two h2 peers: (the runtime's events, the core's events,
     the request the client sent). `decoded`: what the adapter hands back for a ready request
@@ -52,11 +52,15 @@ def _call(
     "none" that it did not decode."""
 
     def ready(message: bytes, info: object) -> Ready | None:
+        if ready_for is None:
+            raise RuntimeError("a bug in the ready hook")
         return Ready(PATCH, lambda sent: None) if ready_for else None
 
     core = LinkCore(
         lambda path: Hooks(pre=_pre, post=_post, ready=ready) if path == CREATE else None, Limits()
     )
+    if core_out is not None:
+        core_out.append(core)
     cfg = dict(header_encoding=None)
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, **cfg))
     server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, **cfg))
@@ -123,6 +127,15 @@ def test_a_request_not_ready_waits_for_its_pre_hook() -> None:
     got, events, _ = _call(ready_for=False)
     assert [e for e in events if isinstance(e, RunPre)]
     assert not any(isinstance(e, h2.events.DataReceived) for e in got)
+
+
+def test_a_ready_hook_that_raises_leaves_the_request_to_the_pre_hook() -> None:
+    cores: list[LinkCore] = []
+    got, events, _ = _call(ready_for=None, core_out=cores)
+    assert [e for e in events if isinstance(e, RunPre)]
+    assert not [e for e in events if isinstance(e, Readied)]
+    assert not any(isinstance(e, h2.events.DataReceived) for e in got)
+    assert any("ready hook failed" in w and "a bug" in w for w in cores[0].warnings), cores[0].warnings
 
 
 def test_a_request_with_trailers_takes_the_pre_hook() -> None:
