@@ -1,6 +1,7 @@
-"""The create's keys (`create_keys`) are those of the whole request parsed, or none; and when they
-are read from bytes the whole request does not decode from, the bytes the runtime gets (with the
-patch the proxy appends) do not decode either: such a request fails there as it would unpatched."""
+"""The create's keys (`create_keys`) are those of the whole request parsed, or none when it does
+not decode; and when they are read from bytes the whole request does not decode from, the bytes
+the runtime gets (with the patch the proxy appends) do not decode either: such a request fails
+there as it would unpatched."""
 
 from __future__ import annotations
 
@@ -93,8 +94,12 @@ def wire(draw: st.DrawFn, pb: Any) -> bytes:
 
 def _check(pb: Any, data: bytes) -> tuple[str, str, int] | None:
     keys = create_keys(data)
-    if keys is None:
-        return None
+    if keys is None:  # only for a request that does not decode whole either
+        try:
+            pb.CreateContainerRequest.FromString(data)
+        except DecodeError:
+            return None
+        raise AssertionError(f"no keys read from {data!r}, which decodes")
     try:
         parsed = pb.CreateContainerRequest.FromString(data)
     except DecodeError:  # not protobuf's: then neither is what the runtime gets

@@ -96,7 +96,6 @@ class Link(RuleBasedStateMachine):
         self.answered: dict[int, bytearray] = {}  # client: response bytes per stream
         self.statuses: dict[int, bytes] = {}
         self.pres: list[int] = []  # pre hooks asked for, not yet ended
-        self.readied = 0  # hooked requests sent with what their hooks had ready
         self.runtime_pinged: list[bytes] = []  # the runtime's PING payloads, in order
         self.runtime_acked: list[bytes] = []  # ... the ACKs it got back
         self.client_pinged: list[bytes] = []  # ... the PINGs the client got
@@ -133,7 +132,6 @@ class Link(RuleBasedStateMachine):
                 self.pres.append(event.stream)
             elif isinstance(event, Readied):  # sent with its patch, no pre hook to wait for
                 self.expect_body[event.stream] = framed(event.request)
-                self.readied += 1
             elif isinstance(event, CancelPre) and event.stream in self.pres:
                 self.pres.remove(event.stream)
                 self.core.hook_cancelled(event.stream)
