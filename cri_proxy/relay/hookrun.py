@@ -68,14 +68,18 @@ class HookRunner:
             return Refuse(grpc.StatusCode.INVALID_ARGUMENT.value[0], f"cri-proxy: {info.name}: {why}")
         return Forward(None, None)
 
+    def _undecodable(self, info: MethodInfo, exc: DecodeError, began: float) -> None:
+        """A request that does not decode, on either path to the runtime: counted and logged."""
+        self._count(info, "pre", "undecodable", began)
+        logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
+
     async def pre(self, info: MethodInfo, hooks: Hooks, raw: bytes) -> PreOutcome:
         """Decode the request, run the pre hook on it, say what to send."""
         began = perf_counter()
         try:
             message = info.request_type.FromString(raw)
         except DecodeError as exc:
-            self._count(info, "pre", "undecodable", began)
-            logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
+            self._undecodable(info, exc, began)
             if self._policy(hooks) is FailPolicy.FAIL:
                 code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
                 return Refuse(code, f"cri-proxy: {info.name} request does not decode: {exc}")
@@ -108,8 +112,7 @@ class HookRunner:
         try:
             message = info.request_type.FromString(raw)
         except DecodeError as exc:
-            self._count(info, "pre", "undecodable", began)
-            logger.warning("{}: request does not decode ({}); forwarded without hooks", info.path, exc)
+            self._undecodable(info, exc, began)
             return None
         try:
             ready.after(message)

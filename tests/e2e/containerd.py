@@ -35,6 +35,8 @@ from typing import Any
 
 import grpc
 
+from tests.protowire import length_field
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE_DIR = REPO_ROOT / ".e2e-cache"
 SETUP_SCRIPT = REPO_ROOT / "scripts" / "setup-e2e"
@@ -341,19 +343,6 @@ def remove_new_empty_cgroups(preexisting: set[Path]) -> list[Path]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _pb_bytes(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _raw_call(address: str, method: str, request: bytes, timeout: float) -> bytes:
     with grpc.insecure_channel(address) as channel:
         call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
@@ -615,7 +604,8 @@ class PrivateContainerd:
 
     def _wait_for_image(self, name: str, timeout: float = 10.0) -> None:
         """CRI learns of imported images from events, asynchronously: wait until ImageStatus sees it."""
-        request = _pb_bytes(1, _pb_bytes(1, name.encode()))  # ImageStatusRequest{image: ImageSpec{image}}
+        # ImageStatusRequest{image: ImageSpec{image}}
+        request = length_field(1, length_field(1, name.encode()))
         deadline = time.monotonic() + timeout
         while True:
             if _raw_call(self.address, "/runtime.v1.ImageService/ImageStatus", request, timeout=5.0):

@@ -32,6 +32,7 @@ from cri_proxy.cpu import ProblemKind
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.methods import KNOWN, MethodInfo, method_path
 from cri_proxy.state.model import ContainerState
+from tests.protowire import tag, varint
 from tests.unit.enforce_support import ALLOC, QOS_LABEL, Node, alloc, node
 from tests.unit.relay_support import run
 
@@ -52,19 +53,6 @@ VERSION_PATH = "/runtime.v1.RuntimeService/Version"
 
 
 # -- generators: (rng, a valid request of the method) -> raw bytes --------------------------------
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _tag(field: int, wire_type: int) -> bytes:
-    return _varint(field << 3 | wire_type)
-
-
 def _string_fields(info: MethodInfo) -> list[int]:
     return [f.number for f in info.request_type.DESCRIPTOR.fields if f.type == f.TYPE_STRING]
 
@@ -88,29 +76,29 @@ def truncated(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
 def bad_wire_type(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
     """A field with wire type 6 or 7 (no such type), or a group that never ends / never began."""
     field = rng.choice([*(f.number for f in info.request_type.DESCRIPTOR.fields), 999])
-    bad = _tag(field, rng.choice((3, 4, 6, 7)))
+    bad = tag(field, rng.choice((3, 4, 6, 7)))
     return seed + bad if rng.random() < 0.5 else bad + seed
 
 
 def bad_length(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
     """A length-delimited field whose length runs past the end of the message."""
     body = rng.randbytes(rng.randint(0, 16))
-    return seed + _tag(rng.randint(1, 20), 2) + _varint(len(body) + rng.randint(1, 1 << 20)) + body
+    return seed + tag(rng.randint(1, 20), 2) + varint(len(body) + rng.randint(1, 1 << 20)) + body
 
 
 def overlong_varint(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
-    return seed + _tag(rng.randint(1, 20), 0) + b"\xff" * rng.randint(10, 20)
+    return seed + tag(rng.randint(1, 20), 0) + b"\xff" * rng.randint(10, 20)
 
 
 def field_zero(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
-    return seed + _tag(0, rng.choice((0, 2))) + b"\x00"
+    return seed + tag(0, rng.choice((0, 2))) + b"\x00"
 
 
 def bad_utf8(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
     """A top-level string field (an id, the runtime handler) holding bytes that are not UTF-8."""
     value = bytes(rng.choice((0x80, 0xC0, 0xFE, 0xFF, 0xED)) for _ in range(rng.randint(1, 8)))
     value += b"\xc3"  # a lead byte with nothing after it: never valid UTF-8
-    return seed + _tag(rng.choice(_string_fields(info)), 2) + _varint(len(value)) + value
+    return seed + tag(rng.choice(_string_fields(info)), 2) + varint(len(value)) + value
 
 
 def bad_nested(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
@@ -126,8 +114,8 @@ def bad_nested(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
     field = rng.choice(nested)
     string = rng.choice([g.number for g in field.message_type.fields if g.type == g.TYPE_STRING])
     value = bytes(rng.choice((0x80, 0xFE, 0xFF)) for _ in range(rng.randint(1, 8))) + b"\xc3"
-    inner = _tag(string, 2) + _varint(len(value)) + value
-    return seed + _tag(field.number, 2) + _varint(len(inner)) + inner
+    inner = tag(string, 2) + varint(len(value)) + value
+    return seed + tag(field.number, 2) + varint(len(inner)) + inner
 
 
 Generator = Callable[[random.Random, bytes, MethodInfo], bytes]

@@ -14,21 +14,9 @@ from hypothesis import strategies as st
 from cri_api.v1 import api_pb2 as v1
 from cri_api.v1alpha2 import api_pb2 as v1alpha2
 from cri_proxy.enforce.createkeys import create_keys
+from tests.protowire import length_field, varint
 
 text = st.text(max_size=40)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _patch(pb: Any) -> bytes:
@@ -72,15 +60,16 @@ def _mutate(draw: st.DrawFn, data: bytes) -> bytes:
     if kind == "delete":
         return data[:at] + data[at + draw(st.integers(1, 8)) :]
     if kind == "twice":  # a key's field again, at the top: a parser merges, the last name wins
-        return data + _field(2, _field(1, _field(1, draw(text).encode())))
+        return data + length_field(2, length_field(1, length_field(1, draw(text).encode())))
     if kind == "meta twice":  # metadata twice inside one config
-        return _field(1, b"p") + _field(2, _field(1, _field(1, b"a")) + _field(1, _field(1, b"b")))
+        twice = length_field(1, length_field(1, b"a")) + length_field(1, length_field(1, b"b"))
+        return length_field(1, b"p") + length_field(2, twice)
     if kind == "wide":  # an attempt past 32 bits: uint32 keeps the low ones
-        meta = _field(1, b"c") + _varint(2 << 3) + _varint(draw(st.integers(0, 2**64 - 1)))
-        return _field(1, b"p") + _field(2, _field(1, meta))
+        meta = length_field(1, b"c") + varint(2 << 3) + varint(draw(st.integers(0, 2**64 - 1)))
+        return length_field(1, b"p") + length_field(2, length_field(1, meta))
     if kind == "long":  # an over-long varint (more than ten bytes) for the attempt
-        meta = _field(1, b"c") + _varint(2 << 3) + b"\x80" * 10 + b"\x01"
-        return _field(1, b"p") + _field(2, _field(1, meta))
+        meta = length_field(1, b"c") + varint(2 << 3) + b"\x80" * 10 + b"\x01"
+        return length_field(1, b"p") + length_field(2, length_field(1, meta))
     return data
 
 
@@ -137,13 +126,15 @@ def test_a_create_that_decodes_has_its_keys_read(data: bytes) -> None:
 
 
 def test_keys_as_protobuf_reads_them() -> None:
-    meta = _field(1, b"c")
-    usual = _field(1, b"p") + _field(2, _field(1, meta))
+    meta = length_field(1, b"c")
+    usual = length_field(1, b"p") + length_field(2, length_field(1, meta))
     assert create_keys(usual) == ("p", "c", 0)
-    assert create_keys(usual + _field(2, _field(1, _field(1, b"d")))) == ("p", "d", 0)  # merged
-    assert create_keys(_field(2, _field(1, meta))) == ("", "c", 0)  # no sandbox id: the pre hook's ""
-    assert create_keys(_field(1, b"\xff") + _field(2, _field(1, meta))) is None  # not UTF-8
+    again = length_field(2, length_field(1, length_field(1, b"d")))
+    assert create_keys(usual + again) == ("p", "d", 0)  # merged
+    no_sandbox = length_field(2, length_field(1, meta))
+    assert create_keys(no_sandbox) == ("", "c", 0)  # the pre hook's "" too
+    assert create_keys(length_field(1, b"\xff") + length_field(2, length_field(1, meta))) is None  # not UTF-8
     assert create_keys(usual[:-1]) is None  # cut
     assert create_keys(usual + b"\x1a\x05ab") is None  # a field past the end
-    wide = meta + _varint(2 << 3) + _varint(2**32 + 7)
-    assert create_keys(_field(1, b"p") + _field(2, _field(1, wide))) == ("p", "c", 7)
+    wide = meta + varint(2 << 3) + varint(2**32 + 7)
+    assert create_keys(length_field(1, b"p") + length_field(2, length_field(1, wide))) == ("p", "c", 7)
