@@ -231,20 +231,15 @@ def hooked_create(
     cpu = (proxy_cpu() - cpu0) / n
     time.sleep(0.5)  # the last post hook
     after = hook_counters(metrics) if metrics else {}
-    hook = {}
-    for which in ("pre", "post"):
+    # this row's hook runs and their seconds, by hook ("ready": the pre runs that went on ready)
+    runs: dict[str, float] = {}
+    secs: dict[str, float] = {}
+    for which in ("pre", "post", "ready"):
         runs0, secs0 = before.get(("CreateContainer", which), (0.0, 0.0))
         runs1, secs1 = after.get(("CreateContainer", which), (0.0, 0.0))
-        hook[which] = (secs1 - secs0) / (runs1 - runs0) if runs1 > runs0 else 0.0
-    pre_runs = (
-        after.get(("CreateContainer", "pre"), (0.0, 0.0))[0]
-        - before.get(("CreateContainer", "pre"), (0.0, 0.0))[0]
-    )
-    ready_runs = (
-        after.get(("CreateContainer", "ready"), (0.0, 0.0))[0]
-        - before.get(("CreateContainer", "ready"), (0.0, 0.0))[0]
-    )
-    ready = ready_runs / pre_runs if pre_runs else 0.0  # their pre hook's work came after the write
+        runs[which], secs[which] = runs1 - runs0, secs1 - secs0
+    hook = {which: secs[which] / runs[which] if runs[which] > 0 else 0.0 for which in ("pre", "post")}
+    ready = runs["ready"] / runs["pre"] if runs["pre"] > 0 else 0.0  # their pre hook's work: after the write
     dp, pp = percentile(d, 0.5), percentile(p, 0.5)
     lo, hi = added_interval(d, p)
     interval = f"95 % interval {lo * 1e3:.2f} to {hi * 1e3:.2f}; "

@@ -124,11 +124,14 @@ class HookRunner:
         return message
 
     @staticmethod
-    def _sent(info: MethodInfo, raw: bytes) -> Message | None:
-        """A ready request as it went on, for the hooks after a call that ended before it was
-        decoded (`readied`); None when it does not decode (counted then)."""
+    def _sent(info: MethodInfo, request: Message | bytes) -> Message | None:
+        """The request as forwarded, for the hooks after its call: decoded now when it is a ready
+        request's bytes (its call ended before `readied` decoded it); None when those do not
+        decode (counted then)."""
+        if not isinstance(request, bytes):
+            return request
         try:
-            return info.request_type.FromString(raw)
+            return info.request_type.FromString(request)
         except DecodeError:
             return None
 
@@ -138,31 +141,27 @@ class HookRunner:
         if hooks.post is None:
             return
         began = perf_counter()
-        if isinstance(request, bytes):
-            decoded = self._sent(info, request)
-            if decoded is None:
-                return
-            request = decoded
+        sent = self._sent(info, request)
+        if sent is None:
+            return
         try:
             response = info.response_type.FromString(raw)
         except DecodeError as exc:
             self._count(info, "post", "undecodable", began)
             logger.warning("{}: cannot decode the runtime's response for post hook: {}", info.path, exc)
             return
-        await self._settle(info, "post", began, hooks.post(request, response, info))
+        await self._settle(info, "post", began, hooks.post(sent, response, info))
 
     async def failed(self, info: MethodInfo, hooks: Hooks, request: Message | bytes, code: int) -> None:
         """The call did not succeed (refused, cancelled, runtime lost): let the hooks roll back."""
         if hooks.failed is None:
             return
         began = perf_counter()
-        if isinstance(request, bytes):
-            decoded = self._sent(info, request)
-            if decoded is None:
-                return
-            request = decoded
+        sent = self._sent(info, request)
+        if sent is None:
+            return
         status = CODES.get(code, grpc.StatusCode.UNKNOWN)
-        await self._settle(info, "failed", began, hooks.failed(request, status, info))
+        await self._settle(info, "failed", began, hooks.failed(sent, status, info))
 
     async def _settle(self, info: MethodInfo, stage: str, began: float, run: Awaitable[None]) -> None:
         """Run a hook that comes after the call (nothing left to refuse): count it; log a failure."""

@@ -32,7 +32,7 @@ from cri_proxy.cpu import ProblemKind
 from cri_proxy.relay.forward import FailPolicy
 from cri_proxy.relay.methods import KNOWN, MethodInfo, method_path
 from cri_proxy.state.model import ContainerState
-from tests.protowire import tag, varint
+from tests.protowire import length_field, tag, varint
 from tests.unit.enforce_support import ALLOC, QOS_LABEL, Node, alloc, node
 from tests.unit.relay_support import run
 
@@ -98,7 +98,7 @@ def bad_utf8(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
     """A top-level string field (an id, the runtime handler) holding bytes that are not UTF-8."""
     value = bytes(rng.choice((0x80, 0xC0, 0xFE, 0xFF, 0xED)) for _ in range(rng.randint(1, 8)))
     value += b"\xc3"  # a lead byte with nothing after it: never valid UTF-8
-    return seed + tag(rng.choice(_string_fields(info)), 2) + varint(len(value)) + value
+    return seed + length_field(rng.choice(_string_fields(info)), value)
 
 
 def bad_nested(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
@@ -114,8 +114,7 @@ def bad_nested(rng: random.Random, seed: bytes, info: MethodInfo) -> bytes:
     field = rng.choice(nested)
     string = rng.choice([g.number for g in field.message_type.fields if g.type == g.TYPE_STRING])
     value = bytes(rng.choice((0x80, 0xFE, 0xFF)) for _ in range(rng.randint(1, 8))) + b"\xc3"
-    inner = tag(string, 2) + varint(len(value)) + value
-    return seed + tag(field.number, 2) + varint(len(inner)) + inner
+    return seed + length_field(field.number, length_field(string, value))
 
 
 Generator = Callable[[random.Random, bytes, MethodInfo], bytes]
