@@ -193,6 +193,11 @@ def main() -> None:
     parser.add_argument(
         "--start", action="store_true", help="start each container after its create (not timed)"
     )
+    parser.add_argument(
+        "--runtime-root",
+        default=None,
+        help="where containerd keeps its own (default /tmp); /dev/shm: no disk fsync in its creates",
+    )
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
     parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
     args = parser.parse_args()
@@ -203,7 +208,7 @@ def main() -> None:
         raise SystemExit(f"--against {args.against}: no cri_proxy package there")
 
     work = Path(tempfile.mkdtemp(prefix="cri-ab-"))
-    with runtime(args.runtime, work) as address:
+    with runtime(args.runtime, work, args.runtime_root) as address:
         procs: list[Any] = []
         try:
             targets = start_pair(work, address, args.against, args.serve_args.split(), procs)

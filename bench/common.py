@@ -90,10 +90,13 @@ def stop_all(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 30.0) ->
 
 
 @contextlib.contextmanager
-def runtime(kind: str, work: Path) -> Iterator[str]:
+def runtime(kind: str, work: Path, root: str | None = None) -> Iterator[str]:
     """The runtime a bench measures against, its endpoint: a private real containerd ("containerd";
     root; Debian's containerd and runc installed when missing) or the fake runtime in `work`.
-    Stopped at the end, containerd's pods removed first (nothing left behind for the next run)."""
+    Stopped at the end, containerd's pods removed first (nothing left behind for the next run).
+    `root`: the directory containerd's own (its database, snapshots, state) is made in, /tmp by
+    default; on a tmpfs (/dev/shm) its creates no longer wait for the disk's fsyncs, whose spread
+    is most of a create's run to run."""
     if kind != "containerd":
         fake, address = start_fake_runtime(work, "--log-level", "WARNING")
         try:
@@ -106,7 +109,7 @@ def runtime(kind: str, work: Path) -> Iterator[str]:
 
     if missing_tools():
         run_setup_script()
-    containerd = PrivateContainerd().start()
+    containerd = PrivateContainerd(tmp_root=root).start()
     try:
         yield containerd.address
     finally:

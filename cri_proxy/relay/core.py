@@ -63,7 +63,7 @@ from cri_proxy.relay import messages, wire
 from cri_proxy.relay.flow import Budget, Windows
 from cri_proxy.relay.headerblock import BlockError, HeaderBlocks, Headers, header_value
 from cri_proxy.relay.hooks import Hooks, Ready
-from cri_proxy.relay.methods import KNOWN, MethodInfo, Shape
+from cri_proxy.relay.methods import UNARY_PATHS, MethodInfo
 from cri_proxy.relay.streams import HookedRequest, Stream
 from cri_proxy.relay.wire import Buf
 
@@ -317,7 +317,7 @@ class LinkCore:
         except (wire.PrefaceError, wire.FrameTooLarge):
             self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
         else:
-            if buf is data and self._quiet(data, off, frames):
+            if buf is data and frames and not frames[0][4] and self._quiet(data, off, frames):
                 self.quiet.append(data)
             else:
                 self._client_frames(buf, off, frames, now)
@@ -510,9 +510,9 @@ class LinkCore:
             self._own_to_client(wire.rst_stream(sid, wire.FRAME_SIZE_ERROR))
             return
         raw_path = header_value(headers, b":path")
-        path = raw_path.decode("utf-8", "replace") if raw_path is not None else ""
-        info = KNOWN.get(path)
-        if info is not None and info.shape is Shape.UNARY:
+        info = UNARY_PATHS.get(raw_path) if raw_path is not None else None
+        if info is not None:
+            path = info.path
             st = Stream(sid, path, began=now, sent_at=now) if self.observer is not None else Stream(sid)
             st.slow = info.slow
             self.streams[sid] = st

@@ -88,6 +88,10 @@ def _build() -> dict[str, MethodInfo]:
 
 
 KNOWN: dict[str, MethodInfo] = _build()
+UNARY_PATHS: dict[bytes, MethodInfo] = {
+    path.encode(): info for path, info in KNOWN.items() if info.shape is Shape.UNARY
+}
+"""The unary methods by `:path` as it comes on the wire: a request's method without decoding it."""
 
 
 def method_path(version: str, service: str, name: str) -> str:
