@@ -20,8 +20,9 @@ so that the proxy knows the node as it would in production and no adoption (a pa
 three create rows are run again through `bench/pipe.py`, a relay that parses nothing: what two
 more hops cost here, which no relay avoids. With `--runtime-root /dev/shm` containerd keeps its
 database and snapshots on tmpfs: a create no longer waits for the disk's fsyncs (~3.5 ms instead of
-~10, and most of the spread from run to run goes with them), so the create rows resolve what the
-proxy adds to about ±0.1 ms; the proxy does the same work either way.
+~10, and much of the spread goes with them): a create row's 95 % interval is ±0.1 to 0.25 ms instead
+of ±0.2 to 0.4, though the same row still moves by up to 0.25 ms from run to run. The proxy does the
+same work either way.
 """
 
 from __future__ import annotations
