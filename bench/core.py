@@ -12,11 +12,19 @@ two Unix-socket hops and the event loop (bench/relay.py measures the whole proxy
     .venv/bin/python bench/core.py --vary-timeout   # a new grpc-timeout value per call (grpc-go's way)
     .venv/bin/python bench/core.py --profile        # cProfile of one run, by own time
     .venv/bin/python bench/core.py --against /tmp/main   # before/after: another checkout's core too
+    .venv/bin/python bench/core.py --create --cold 16    # a hooked create, caches cold: wall µs
 
 With `--against DIR` (e.g. `git worktree add /tmp/main main`) the core of that checkout is measured
 as well, in a child process, in turns with this one (`--rounds`), and the ratio of the two best
 figures is printed: this checkout / DIR. By default the core has an observer (as `serve` with
 metrics has) and decodes both directions.
+
+`--create` relays CreateContainer calls instead (a kubelet-sized request, ~1 KB), hooked with a
+ready hook that appends a cpuset (`Hooks.ready`, as `EnforceHooks.ready_create` answers: the usual
+create's path without the enforcement's own work). `--cold MB` writes that much memory before each
+call, as the runtime and the client do between two calls on a node, and times each read on its
+own: the wall µs from a create's read to its request queued for the runtime, and from the answer's
+read to it queued for the client (median, and the best run's with --against).
 """
 
 from __future__ import annotations
@@ -43,8 +51,26 @@ CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 Call = tuple[bytes, bytes]  # (the client's bytes, the runtime's bytes) of one call
 
 
-def conversation(calls: int, vary_timeout: bool) -> tuple[Call, list[Call]]:
+def create_request() -> bytes:
+    """A CreateContainer request of a kubelet's size: ids, metadata, labels, annotations, mounts."""
+    from cri_api.v1 import api_pb2 as pb
+
+    config = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="app", attempt=0),
+        image=pb.ImageSpec(image="registry.example/app:1.0"),
+        labels={"io.kubernetes.pod.name": "web-0", "io.kubernetes.pod.namespace": "default"},
+        annotations={f"io.kubernetes.container.k{i}": "v" * 40 for i in range(8)},
+        mounts=[
+            pb.Mount(container_path=f"/m{i}", host_path=f"/var/lib/kubelet/pods/x/m{i}") for i in range(4)
+        ],
+    )
+    return pb.CreateContainerRequest(pod_sandbox_id="a" * 64, config=config).SerializeToString()
+
+
+def conversation(calls: int, vary_timeout: bool, create: bool = False) -> tuple[Call, list[Call]]:
     """(the connection's opening bytes, then each call's), as an h2 client and server write them."""
+    body = create_request() if create else b"\n\2v1"
+    message = len(body).to_bytes(5, "big") + body
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
     server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
     client.initiate_connection()
@@ -63,7 +89,7 @@ def conversation(calls: int, vary_timeout: bool) -> tuple[Call, list[Call]]:
         headers = [
             (":method", "POST"),
             (":scheme", "http"),
-            (":path", VERSION),
+            (":path", CREATE if create else VERSION),
             (":authority", "localhost"),
             ("content-type", "application/grpc"),
             ("te", "trailers"),
@@ -71,30 +97,46 @@ def conversation(calls: int, vary_timeout: bool) -> tuple[Call, list[Call]]:
             ("grpc-timeout", timeout),
         ]
         client.send_headers(sid, headers)
-        client.send_data(sid, b"\0\0\0\0\4\n\2v1", end_stream=True)
+        client.send_data(sid, message, end_stream=True)
         request = client.data_to_send()
         server.receive_data(request)
+        early = b""
+        if create:  # as grpc-go does: the connection's window given back as the request is read
+            server.increment_flow_control_window(len(message) + 64)  # and the hook's patch
+            early = server.data_to_send()
+            client.receive_data(early)
         server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
         server.send_data(sid, b"\0\0\0\0\x20" + b"x" * 32)
         server.send_headers(sid, [("grpc-status", "0"), ("grpc-message", "")], end_stream=True)
         response = server.data_to_send()
         client.receive_data(response)
         client.increment_flow_control_window(37)
-        server.increment_flow_control_window(9)
+        if not create:
+            server.increment_flow_control_window(9)
         c_more, r_more = client.data_to_send(), server.data_to_send()
         server.receive_data(c_more)
         client.receive_data(r_more)
-        out.append((request + c_more, response + r_more))
+        out.append((request + c_more, early + response + r_more))
     return opening, out
 
 
 def new_core(opening: Call, observe: bool) -> LinkCore:
-    """A core past the connection's opening, hooking CreateContainer as `serve` does."""
+    """A core past the connection's opening, hooking CreateContainer as `serve` does (its ready
+    hook answering every create with a cpuset patch)."""
+    from cri_api.v1 import api_pb2 as pb
     from cri_proxy.relay.core import Limits, LinkCore
-    from cri_proxy.relay.hooks import Hooks
+    from cri_proxy.relay.hooks import Hooks, Ready
 
     async def post(*_: object) -> None:
         return None
+
+    patch = pb.CreateContainerRequest(
+        config=pb.ContainerConfig(
+            linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(cpuset_cpus="0-1"))
+        )
+    ).SerializeToString()
+    ready = Ready(patch, lambda sent: None)
+    hooks = Hooks(post=post, ready=lambda message, info: ready)
 
     measured: list[tuple[str, int, float, float]] = []
 
@@ -104,7 +146,7 @@ def new_core(opening: Call, observe: bool) -> LinkCore:
             measured.clear()
 
     core = LinkCore(
-        lambda path: Hooks(post=post) if path == CREATE else None,
+        lambda path: hooks if path == CREATE else None,
         Limits(),
         observer=observer if observe else None,
         decode_runtime=True,
@@ -126,12 +168,49 @@ def run(core: LinkCore, calls: list[Call]) -> float:
         core.take_runtime()
         core.receive_from_runtime(response, now + 0.0004)
         core.take_client()
+        if core.events:  # the hooks' events (a ready create's), which the adapter takes
+            core.take_events()
     return time.process_time() - began
 
 
+def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, float]:
+    """Median wall µs of each call's request read and answer read, `megabytes` of memory written
+    before each (the core's code and data out of the CPU's caches, as between two calls on a node)."""
+    junk = bytearray(megabytes << 20)
+    clock = time.perf_counter
+    requests: list[float] = []
+    answers: list[float] = []
+    now = 1.0
+    for request, response in calls:
+        junk[::64] = b"\1" * len(junk[::64])
+        began = clock()
+        core.receive_from_client(request, now)
+        core.take_runtime()
+        requests.append(clock() - began)
+        at = 0  # the runtime's WINDOW_UPDATEs first: a read of their own, before the answer's
+        while at < len(response) and response[at + 3] == 8:
+            at += 9 + int.from_bytes(response[at : at + 3], "big")
+        core.receive_from_runtime(response[:at], now + 0.0002)
+        core.take_client()
+        junk[::64] = b"\2" * len(junk[::64])
+        began = clock()
+        core.receive_from_runtime(response[at:], now + 0.0004, answers_later=True)
+        core.take_client()
+        answers.append(clock() - began)
+        core.read_answers()
+        core.take_events()
+    return statistics.median(requests) * 1e6, statistics.median(answers) * 1e6
+
+
 def measure(args: argparse.Namespace) -> list[float]:
-    """CPU µs per call of each of `--repeat` runs, each on a fresh core."""
-    opening, calls = conversation(args.calls, args.vary_timeout)
+    """CPU µs per call of each of `--repeat` runs, each on a fresh core; with --cold, the request
+    read's wall µs (median of the run) and then the answer read's, for each run."""
+    opening, calls = conversation(args.calls, args.vary_timeout, args.create)
+    if args.cold:
+        runs = (
+            run_cold(new_core(opening, not args.no_observer), calls, args.cold) for _ in range(args.repeat)
+        )
+        return [x for pair in runs for x in pair]  # request, answer, request, answer, ...
     return [
         run(new_core(opening, not args.no_observer), calls) / len(calls) * 1e6 for _ in range(args.repeat)
     ]
@@ -142,6 +221,7 @@ def measure_in(root: Path, args: argparse.Namespace) -> list[float]:
     argv = [sys.executable, __file__, "--root", str(root), "--figures"]
     argv += ["--calls", str(args.calls), "--repeat", str(args.repeat)]
     argv += ["--vary-timeout"] * args.vary_timeout + ["--no-observer"] * args.no_observer
+    argv += ["--create"] * args.create + ["--cold", str(args.cold)]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return [float(line) for line in out.split()]
 
@@ -152,6 +232,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15, help="runs, each on a fresh core (default 15)")
     ap.add_argument("--vary-timeout", action="store_true", help="a new grpc-timeout value per call")
     ap.add_argument("--no-observer", action="store_true", help="no metrics observer on the core")
+    ap.add_argument("--create", action="store_true", help="hooked CreateContainer calls (a ready hook)")
+    ap.add_argument("--cold", type=int, default=0, help="MB of memory written before each call: wall µs")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one run instead")
     ap.add_argument("--against", type=Path, help="another checkout whose core is measured in turns")
     ap.add_argument("--rounds", type=int, default=3, help="turns of each with --against (default 3)")
@@ -166,6 +248,8 @@ def main() -> None:
         profile.runcall(run, core, calls)
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
+    if args.cold and args.repeat > 5 and "--repeat" not in sys.argv:
+        args.repeat = 5  # each call writes --cold MB first: a run takes seconds
     if args.figures:
         print("\n".join(f"{x:.3f}" for x in measure(args)))
         return
@@ -179,7 +263,19 @@ def main() -> None:
         f"{'varying' if args.vary_timeout else 'fixed'} grpc-timeout,"
         f" {'with' if not args.no_observer else 'no'} observer"
     )
-    line = f"link core, {args.calls} Version calls x{len(here)} ({shape}): CPU per call"
+    what = "hooked CreateContainer (ready)" if args.create else "Version"
+    if args.cold:
+        line = f"link core, {args.calls} {what} calls x{len(here) // 2} ({shape}), {args.cold} MB written"
+        line += f" before each read: request {statistics.median(here[0::2]):.1f} µs,"
+        line += f" answer {statistics.median(here[1::2]):.1f} µs (wall, median of the runs' medians)"
+        if args.against:
+            line += (
+                f" | {args.against}: request {statistics.median(there[0::2]):.1f} µs,"
+                f" answer {statistics.median(there[1::2]):.1f} µs"
+            )
+        print(line, flush=True)
+        return
+    line = f"link core, {args.calls} {what} calls x{len(here)} ({shape}): CPU per call"
     line += f" best {min(here):.1f} µs, median {statistics.median(here):.1f} µs"
     if args.against:
         line += (
