@@ -226,6 +226,15 @@ def measure_in(root: Path, args: argparse.Namespace) -> list[float]:
     return [float(line) for line in out.split()]
 
 
+def summary(figures: list[float], cold: bool) -> str:
+    """Runs' figures as printed: with --cold the request's and the answer's wall µs, else CPU µs
+    per call."""
+    if cold:
+        request, answer = statistics.median(figures[0::2]), statistics.median(figures[1::2])
+        return f"request {request:.1f} µs, answer {answer:.1f} µs"
+    return f"best {min(figures):.1f} µs, median {statistics.median(figures):.1f} µs"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000, help="calls per run (default 2000)")
@@ -264,24 +273,16 @@ def main() -> None:
         f" {'with' if not args.no_observer else 'no'} observer"
     )
     what = "hooked CreateContainer (ready)" if args.create else "Version"
+    line = f"link core, {args.calls} {what} calls x{len(here) // 2 if args.cold else len(here)} ({shape})"
     if args.cold:
-        line = f"link core, {args.calls} {what} calls x{len(here) // 2} ({shape}), {args.cold} MB written"
-        line += f" before each read: request {statistics.median(here[0::2]):.1f} µs,"
-        line += f" answer {statistics.median(here[1::2]):.1f} µs (wall, median of the runs' medians)"
-        if args.against:
-            line += (
-                f" | {args.against}: request {statistics.median(there[0::2]):.1f} µs,"
-                f" answer {statistics.median(there[1::2]):.1f} µs"
-            )
-        print(line, flush=True)
-        return
-    line = f"link core, {args.calls} {what} calls x{len(here)} ({shape}): CPU per call"
-    line += f" best {min(here):.1f} µs, median {statistics.median(here):.1f} µs"
+        line += f", {args.cold} MB written before each read (wall, median of the runs' medians): "
+    else:
+        line += ": CPU per call "
+    line += summary(here, args.cold)
     if args.against:
-        line += (
-            f" | {args.against}: best {min(there):.1f} µs, median {statistics.median(there):.1f} µs"
-            f" | ratio (best) {min(here) / min(there):.2f}"
-        )
+        line += f" | {args.against}: {summary(there, args.cold)}"
+        if not args.cold:
+            line += f" | ratio (best) {min(here) / min(there):.2f}"
     print(line, flush=True)
 
 
