@@ -96,7 +96,7 @@ def runtime(kind: str, work: Path, root: str | None = None) -> Iterator[str]:
     Stopped at the end, containerd's pods removed first (nothing left behind for the next run).
     `root`: the directory containerd's own (its database, snapshots, state) is made in, /tmp by
     default; on a tmpfs (/dev/shm) its creates no longer wait for the disk's fsyncs, whose spread
-    is most of a create's run to run."""
+    is most of how a create's time moves from run to run."""
     if kind != "containerd":
         fake, address = start_fake_runtime(work, "--log-level", "WARNING")
         try:

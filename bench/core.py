@@ -24,7 +24,8 @@ ready hook that appends a cpuset (`Hooks.ready`, as `EnforceHooks.ready_create` 
 create's path without the enforcement's own work). `--cold MB` writes that much memory before each
 call, as the runtime and the client do between two calls on a node, and times each read on its
 own: the wall µs from a create's read to its request queued for the runtime, and from the answer's
-read to it queued for the client (median, and the best run's with --against).
+read to it queued for the client (the median of the runs' medians; for each checkout with
+--against).
 """
 
 from __future__ import annotations
@@ -177,12 +178,14 @@ def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, 
     """Median wall µs of each call's request read and answer read, `megabytes` of memory written
     before each (the core's code and data out of the CPU's caches, as between two calls on a node)."""
     junk = bytearray(megabytes << 20)
+    lines = len(range(0, len(junk), 64))
+    ones, twos = b"\1" * lines, b"\2" * lines  # a byte in every cache line of `junk`
     clock = time.perf_counter
     requests: list[float] = []
     answers: list[float] = []
     now = 1.0
     for request, response in calls:
-        junk[::64] = b"\1" * len(junk[::64])
+        junk[::64] = ones
         began = clock()
         core.receive_from_client(request, now)
         core.take_runtime()
@@ -192,7 +195,7 @@ def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, 
             at += 9 + int.from_bytes(response[at : at + 3], "big")
         core.receive_from_runtime(response[:at], now + 0.0002)
         core.take_client()
-        junk[::64] = b"\2" * len(junk[::64])
+        junk[::64] = twos
         began = clock()
         core.receive_from_runtime(response[at:], now + 0.0004, answers_later=True)
         core.take_client()
@@ -238,7 +241,7 @@ def summary(figures: list[float], cold: bool) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000, help="calls per run (default 2000)")
-    ap.add_argument("--repeat", type=int, default=15, help="runs, each on a fresh core (default 15)")
+    ap.add_argument("--repeat", type=int, help="runs, each on a fresh core (default 15; 5 with --cold)")
     ap.add_argument("--vary-timeout", action="store_true", help="a new grpc-timeout value per call")
     ap.add_argument("--no-observer", action="store_true", help="no metrics observer on the core")
     ap.add_argument("--create", action="store_true", help="hooked CreateContainer calls (a ready hook)")
@@ -257,8 +260,8 @@ def main() -> None:
         profile.runcall(run, core, calls)
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
-    if args.cold and args.repeat > 5 and "--repeat" not in sys.argv:
-        args.repeat = 5  # each call writes --cold MB first: a run takes seconds
+    if args.repeat is None:
+        args.repeat = 5 if args.cold else 15  # with --cold each call writes MBs first: seconds a run
     if args.figures:
         print("\n".join(f"{x:.3f}" for x in measure(args)))
         return

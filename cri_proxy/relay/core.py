@@ -317,6 +317,7 @@ class LinkCore:
         except (wire.PrefaceError, wire.FrameTooLarge):
             self._client_broke(bytes(self.c_split.buf) if self.c_split.buf else data)
         else:
+            # a read opening with a frame on a stream (a request, most often) is never quiet
             if buf is data and frames and not frames[0][4] and self._quiet(data, off, frames):
                 self.quiet.append(data)
             else:
