@@ -213,18 +213,20 @@ class Policy:
         self._taken = set()
         return True
 
-    def before_create(self, pod: PodRecord, container_id: str) -> Early | None:
+    def before_create(self, pod: PodRecord, container_id: str | None) -> Early | None:
         """What the plan will decide for container `container_id` about to be added to `pod`
         (before its pending record goes in), read from the last plan when its rules saw the very
         pods there are now (`decide_added`): nothing is decided on the call's path. The hooks make
         the plan between calls for this, and read it ahead (`prepare`). None when not sure:
-        `for_container` then decides."""
+        `for_container` then decides. `container_id` None: the container is not known yet (its
+        request not read, `EnforceHooks.ready_create`); only what was read ahead for the pod,
+        which holds for any container of it, answers."""
         prepared = self._prepared
         if prepared[0] == self.state.rules_generation and self._same_facts(prepared):
             early = prepared[3].get(pod.sandbox_id)  # nothing changed since it was read ahead
             if early is not None:
                 return early
-        return self._before_create(pod, container_id)
+        return self._before_create(pod, container_id) if container_id is not None else None
 
     def _before_create(self, pod: PodRecord, container_id: str) -> Early | None:
         cached = self._cached

@@ -5,20 +5,32 @@ plan says. Through a real proxy in front of the fake runtime, the calls as the k
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from cri_proxy.enforce.policy import Early, Policy
+from cri_proxy.state.model import PodRecord
 from tests.unit.enforce_support import ALLOC, QOS_LABEL, node
 from tests.unit.relay_support import run
 from tests.unit.test_pass_after_create import create
 
 
 def reads(policy: Policy) -> list[Early | None]:
-    """What each create's `before_create` returns from now on, in order."""
+    """What each create's `before_create` returns from now on, in order: asked for the pod alone
+    (its container not known yet), what was read ahead for it, when there is."""
     read: list[Early | None] = []
     before_create = policy.before_create
-    policy.before_create = lambda *a: read.append(before_create(*a)) or read[-1]  # type: ignore[method-assign]
+
+    def spy(pod: PodRecord, container_id: str | None) -> Early | None:
+        early = before_create(pod, container_id)
+        if container_id is not None or early is not None:
+            read.append(early)
+        return early
+
+    policy.before_create = spy  # type: ignore[method-assign]
     return read
 
 
@@ -72,5 +84,64 @@ def test_a_create_right_after_its_pod_in_the_same_turn_is_decided_on_the_path(tm
             await asyncio.sleep(0)  # the plan the hooks asked for
             assert str(policy.plan().containers[cid].cpuset) == whole_plans(policy, cid)
             await n.settle()
+
+    run(main())
+
+
+def test_the_ready_hook_reads_the_pods_id_and_the_containers_keys_after_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's ready hook (`EnforceHooks.ready_create`) reads only the pod's id of a create
+    whose decision was read ahead for the pod; the container's name and attempt come from the
+    request as sent (`Ready.after`), and its pending record has them. With nothing read ahead it
+    reads the container's keys and asks for the container. Dry run, the fail policy, an unknown
+    pod, an id that does not decode: None, the pre hook runs."""
+    from cri_api.v1 import api_pb2 as v1
+    from cri_proxy.enforce import hooks as hooks_module
+    from cri_proxy.enforce.hooks import pending_id
+    from cri_proxy.relay.methods import KNOWN
+
+    info = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
+    keys_read: list[bytes] = []
+    create_keys = hooks_module.create_keys
+    monkeypatch.setattr(hooks_module, "create_keys", lambda m: keys_read.append(m) or create_keys(m))
+
+    def request(sandbox: str, name: str, attempt: int) -> bytes:
+        meta = v1.ContainerMetadata(name=name, attempt=attempt)
+        data: bytes = v1.CreateContainerRequest(
+            pod_sandbox_id=sandbox, config=v1.ContainerConfig(metadata=meta)
+        ).SerializeToString()
+        return data
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            hooks, policy, state = n.proxy.hooks, n.proxy.policy, n.proxy.state
+            sandbox, _ = await n.run_pod("p", qos="besteffort", containers=())
+            for read_ahead in (True, False):
+                policy.plan()
+                policy.prepare([sandbox] if read_ahead else [])
+                keys_read.clear()
+                raw = request(sandbox, f"web{read_ahead}", 2)
+                ready = hooks.ready_create(raw, info)
+                assert ready is not None
+                assert keys_read == ([] if read_ahead else [raw])
+                sent = v1.CreateContainerRequest.FromString(raw + ready.patch)
+                assert sent.config.linux.resources.cpuset_cpus == "0-15"
+                ready.after(sent)
+                pid = pending_id(sandbox, f"web{read_ahead}", 2)
+                assert state.container(pid) is not None
+
+            policy.plan()
+            policy.prepare([sandbox])
+            raw = request(sandbox, "other", 0)
+            assert hooks.ready_create(request("unknown", "c", 0), info) is None
+            assert hooks.ready_create(b"\n\x01\xff", info) is None  # a pod id that is not UTF-8
+            settings = hooks.settings()
+            for change in ({"dry_run": True}, {"fail_policy": "fail"}):
+                changed = dataclasses.replace(settings, **change)
+                monkeypatch.setattr(hooks, "settings", lambda changed=changed: changed)
+                assert hooks.ready_create(raw, info) is None
+            monkeypatch.setattr(hooks, "settings", lambda: settings)
+            assert hooks.ready_create(raw, info) is not None
 
     run(main())

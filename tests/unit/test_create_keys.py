@@ -1,7 +1,7 @@
-"""The create's keys (`create_keys`) are those of the whole request parsed, or none when it does
-not decode; and when they are read from bytes the whole request does not decode from, the bytes
-the runtime gets (with the patch the proxy appends) do not decode either: such a request fails
-there as it would unpatched."""
+"""The create's keys (`create_keys`), and its pod's id alone (`create_sandbox`), are those of the
+whole request parsed, or none when it does not decode; and when they are read from bytes the whole
+request does not decode from, the bytes the runtime gets (with the patch the proxy appends) do not
+decode either: such a request fails there as it would unpatched."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cri_api.v1 import api_pb2 as v1
 from cri_api.v1alpha2 import api_pb2 as v1alpha2
-from cri_proxy.enforce.createkeys import create_keys
+from cri_proxy.enforce.createkeys import create_keys, create_sandbox
 from tests.protowire import length_field, varint
 
 text = st.text(max_size=40)
@@ -82,6 +82,7 @@ def wire(draw: st.DrawFn, pb: Any) -> bytes:
 
 
 def _check(pb: Any, data: bytes) -> tuple[str, str, int] | None:
+    _check_sandbox(pb, data)
     keys = create_keys(data)
     if keys is None:  # only for a request that does not decode whole either
         try:
@@ -99,6 +100,21 @@ def _check(pb: Any, data: bytes) -> tuple[str, str, int] | None:
         raise AssertionError(f"keys {keys} read from {data!r}, which decodes only once patched") from None
     assert keys == (parsed.pod_sandbox_id, parsed.config.metadata.name, parsed.config.metadata.attempt)
     return keys
+
+
+def _check_sandbox(pb: Any, data: bytes) -> None:
+    sandbox_id = create_sandbox(data)
+    try:
+        parsed = pb.CreateContainerRequest.FromString(data)
+    except DecodeError:  # then the id may be read, or not; read, the runtime's bytes do not decode
+        if sandbox_id is not None:
+            try:
+                pb.CreateContainerRequest.FromString(data + _patch(pb))
+            except DecodeError:
+                return
+            raise AssertionError(f"id {sandbox_id!r} read; {data!r} decodes once patched") from None
+        return
+    assert sandbox_id == parsed.pod_sandbox_id, (sandbox_id, parsed.pod_sandbox_id)
 
 
 @settings(max_examples=600)
@@ -136,5 +152,9 @@ def test_keys_as_protobuf_reads_them() -> None:
     assert create_keys(length_field(1, b"\xff") + length_field(2, length_field(1, meta))) is None  # not UTF-8
     assert create_keys(usual[:-1]) is None  # cut
     assert create_keys(usual + b"\x1a\x05ab") is None  # a field past the end
+    assert create_sandbox(usual) == "p" and create_sandbox(no_sandbox) == ""
+    assert create_sandbox(usual + length_field(1, b"q")) == "q"  # the last one, as protobuf reads it
+    assert create_sandbox(length_field(1, b"\xff")) is None  # not UTF-8
+    assert create_sandbox(usual[:-1]) is None  # cut
     wide = meta + varint(2 << 3) + varint(2**32 + 7)
     assert create_keys(length_field(1, b"p") + length_field(2, length_field(1, wide))) == ("p", "c", 7)

@@ -353,22 +353,26 @@ def test_a_change_between_the_read_and_the_question_is_not_missed() -> None:
 def test_a_create_read_ahead_holds_only_while_nothing_changed() -> None:
     """`prepare` reads a create's decision ahead; `before_create` answers with it while the state,
     the facts and the settings are what they were then, and reads again after any change: a pod
-    that carves the pools, a reload, a changed fact."""
+    that carves the pools, a reload, a changed fact. Asked for the pod alone (no container id, as
+    the relay's ready hook asks before it reads the container's keys), it answers with what was
+    read ahead or nothing: it never reads again itself."""
     for between in ("pod", "reload", "facts", "nothing"):
         m, sid, pod = read_ahead_pod()
         ahead = m.policy.before_create(pod, "pending/x")
         assert ahead is not None and ahead.decision.cpuset == CPUSet.parse("0-7")
+        assert m.policy.before_create(pod, None) is ahead
         if between == "pod":
             m.new_pod("LSE", CGROUPS[1])
         elif between == "reload":
             m.reload("2-3")
         elif between == "facts":
             m.policy.facts_changed()
+        alone = m.policy.before_create(pod, None)
         now = m.policy.before_create(pod, "pending/y")
         if between == "nothing":
-            assert now is ahead  # looked up, not read again
+            assert now is ahead and alone is ahead  # looked up, not read again
         else:
-            assert now is not ahead
+            assert now is not ahead and alone is None
         m.hooked_create_in(sid, "y")  # what the create decides is the whole plan's
 
 
