@@ -295,11 +295,3 @@ def status_frames(
         piece, rest = rest[:max_frame], rest[max_frame:]
         out.append(frame(CONTINUATION, 0 if rest else END_HEADERS, stream, piece))
     return b"".join(out)
-
-
-def header_value(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    """The first value of `name` in a decoded header list."""
-    for key, value in headers:
-        if key == name:
-            return value
-    return None
