@@ -19,8 +19,9 @@ from tests.unit.test_pass_after_create import create
 
 
 def reads(policy: Policy) -> list[Early | None]:
-    """What each create's `before_create` returns from now on, in order: asked for the pod alone
-    (its container not known yet), what was read ahead for it, when there is."""
+    """What each create's `before_create` returns from now on, in order. A question for the pod
+    alone (the ready hook's, before it reads the container's keys) counts only when it is
+    answered: when it is not, the create asks again for its container."""
     read: list[Early | None] = []
     before_create = policy.before_create
 
