@@ -73,6 +73,7 @@ class Tracer:
             subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], check=True)
         self.proxy_tid = proxy_tid
         self.marker = (TRACEFS / "trace_marker").open("w")
+        self.buffer_kb = (TRACEFS / "buffer_size_kb").read_text().split()[0]  # given back at the end
 
     def _set(self, name: str, value: str) -> None:
         (TRACEFS / name).write_text(value)
@@ -100,7 +101,7 @@ class Tracer:
             self._set(f"events/raw_syscalls/{event}/filter", "0")
         text = (TRACEFS / "trace").read_text()
         self._set("trace", "")
-        self._set("buffer_size_kb", "1408")
+        self._set("buffer_size_kb", self.buffer_kb)
         self.marker.close()
         return text
 
