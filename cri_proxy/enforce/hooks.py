@@ -87,6 +87,12 @@ def _cpuset_patch(path: str, cpus: str) -> bytes:
     return data
 
 
+def _cpuset_only(decision: ContainerDecision) -> bool:
+    """Whether all `decision` asks of a create is a cpuset set: there is one, and no CPUs to vacate
+    first (an exclusive one's)."""
+    return decision.cpuset is not None and decision.qos not in EXCLUSIVE
+
+
 def pending_id(sandbox_id: str, name: str, attempt: int) -> str:
     """The id a container has in the state between CreateContainer and its response."""
     return f"pending/{sandbox_id}/{name}/{attempt}"
@@ -340,15 +346,14 @@ class EnforceHooks:
         last = self._last_patch
         if last is not None and last[0] is decision and last[1] == path:
             return last[2]
-        sure = decision.cpuset is not None and decision.qos not in EXCLUSIVE
-        patch = _cpuset_patch(path, str(decision.cpuset)) if sure else None
+        patch = _cpuset_patch(path, str(decision.cpuset)) if _cpuset_only(decision) else None
         self._last_patch = (decision, path, patch)
         return patch
 
     def _sure(self, decision: ContainerDecision) -> bool:
         """Whether a decision read early (`Policy.before_create`) is all a create needs on its path:
         a cpuset to set, nothing to vacate first, not a dry run."""
-        return decision.cpuset is not None and decision.qos not in EXCLUSIVE and not self.dry_run
+        return _cpuset_only(decision) and not self.dry_run
 
     def _record(self, pid: str) -> None:
         """What a create decided early leaves until its request went on: its pending record, the
