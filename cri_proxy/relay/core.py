@@ -320,7 +320,7 @@ class LinkCore:
             # a read opening with a frame on a stream (a request, most often) is never quiet
             if buf is data and frames and not frames[0][4] and self._quiet(data, off, frames):
                 self.quiet.append(data)
-            else:
+            elif buf is not data or not frames or not self._whole_request(data, off, frames, now):
                 self._client_frames(buf, off, frames, now)
         if self.early and (self.client_dead or not self.c_split.preface_left):
             early, self.early = self.early, []
@@ -359,8 +359,118 @@ class LinkCore:
                 return False
         return True
 
-    def _client_frames(self, buf: Buf, off: int, frames: list[wire.Frame], now: float) -> None:
-        start = 0  # the span of frames passed through unchanged, not yet written
+    def _whole_request(self, data: bytes, off: int, frames: list[wire.Frame], now: float) -> bool:
+        """The usual read of a client's, taken in one pass: a new call's whole request (one HEADERS
+        ending its block, then one DATA ending its stream) with only WINDOW_UPDATEs and PINGs
+        around it, whole frames, nothing of the link's waiting. The same as `_client_frames` does
+        with the read, in fewer steps: a hooked create's request leaves 7-12 us sooner with the
+        caches cold, and takes ~8 % less CPU warm (`bench/core.py --create [--cold 16]`). False:
+        nothing done, `_client_frames` takes the read. Past the header block, any other case goes
+        on as `_client_frames` would; `tests/unit/test_relay_whole.py` holds the two to one outcome."""
+        block = self.c_block
+        if (
+            off
+            or frames[-1][1] != len(data)
+            or self.win.backlog
+            or block.open
+            or block.decoding
+            or block.decoder is None
+        ):
+            return False
+        head = body = -1
+        for i, (_, _, ftype, _, _) in enumerate(frames):
+            if ftype == wire.HEADERS and head < 0:
+                head = i
+            elif ftype == wire.DATA and head >= 0 > body:
+                body = i
+            elif ftype != wire.WINDOW_UPDATE and ftype != wire.PING:
+                return False
+        if body < 0:
+            return False
+        h_at, h_end, _, h_flags, sid = frames[head]
+        d_at, d_end, _, d_flags, d_sid = frames[body]
+        if (
+            h_flags != wire.END_HEADERS
+            or d_flags != wire.END_STREAM
+            or d_sid != sid
+            or sid <= self.last_stream  # trailers, or a stream `_client_block` ignores
+            or h_end - h_at - wire.HEADER_LEN > block.max_block
+        ):
+            return False
+        block.headers(wire.END_HEADERS, sid, data[h_at + wire.HEADER_LEN : h_end])
+        try:
+            decoded = block.decode(DECODE_BUDGET)
+        except BlockError:
+            self._client_broke(data)  # as `_client_frames`: nothing of the read went before it
+            return True
+        if decoded is not None:
+            self._client_block(decoded, now)
+            st = self.streams.get(sid)
+            if st is not None and self._whole_data(st, data, d_at, d_end):
+                self._read_done()
+                return True
+        # the rest of the read as `_client_frames` takes it after the HEADERS frame
+        start = 0
+        if self.own_r:  # the stream's refusal follows its block
+            self.out_r.append(data[:h_end])
+            start = h_end
+            self._flush_own_r()
+        self._client_frames(data, off, frames[head + 1 :], now, start)
+        return True
+
+    def _whole_data(self, st: Stream, data: bytes, at: int, end: int) -> bool:
+        """The DATA ending a new call's request (`_whole_request`) handled as `_client_frames` would
+        when it needs no window to wait for, and, for a hooked call, holds one whole message that
+        fits the limits: True, the read's bytes written (a hooked request's around its DATA, which
+        goes at once when ready and the windows take it whole, else as `_read_done` and the pre hook
+        send it). False: nothing done."""
+        flow = end - at - wire.HEADER_LEN
+        win = self.win
+        hook = st.hook
+        if hook is None:
+            if flow > win.runtime_window and win.client_allowance >= flow:
+                return False  # it waits for the runtime's window
+            win.client_allowance -= flow
+            win.runtime_window -= flow
+            self.out_r.append(data)
+            return True
+        limits = self.limits
+        body = at + wire.HEADER_LEN
+        message = body + messages.PREFIX_LEN
+        if (
+            not message <= end <= message + limits.message
+            or hook.encoding
+            or self.held + flow > limits.buffer
+            or not self.budget.room(flow)
+            or data[body]  # compressed (or not a prefix at all): the general path
+            or int.from_bytes(data[body + 1 : message], "big") != end - message
+        ):
+            return False
+        # as `_hold` and `_end_request` take it
+        win.client_allowance -= flow
+        self.credit[0] = self.credit.get(0, 0) + flow
+        self.out_r.append(data[:at])
+        if end < len(data):
+            self.out_r.append(data[end:])
+        hook.released = True
+        hook.out = data[body:end]
+        ready = self._send_ready(st, hook, data[message:end])
+        if ready and self._send_whole(st, hook):
+            return True  # held and given back at once: never counted
+        self.held += flow
+        hook.held_bytes = flow
+        self.budget.take(flow)
+        if ready:
+            self.ready_now.append(st)
+        else:
+            self.events.append(RunPre(st.id, hook.info, hook.hooks, data[message:end]))
+            hook.running = True
+        return True
+
+    def _client_frames(
+        self, buf: Buf, off: int, frames: list[wire.Frame], now: float, start: int = 0
+    ) -> None:
+        """Follow the client's frames; `start`: where the bytes not yet written begin."""
         win = self.win
         out = self.out_r
         streams = self.streams
@@ -429,6 +539,10 @@ class LinkCore:
             else:
                 out.append(chunk)  # what `win.send` does with no flow and nothing waiting
         self.c_split.keep(buf, end)
+        self._read_done()
+
+    def _read_done(self) -> None:
+        """What a client's read leaves due: ready requests sent, our frames, credit."""
         if self.ready_now:
             ready, self.ready_now = self.ready_now, []
             for st in ready:
@@ -556,13 +670,16 @@ class LinkCore:
         if flags & wire.END_STREAM:
             self._end_request(st, hook, trailers=False)
 
-    def _end_request(self, st: Stream, hook: HookedRequest, trailers: bool) -> None:
-        """The client ended its hooked request: unpack it and ask for the pre hook, or send it on
-        now with what its hooks have ready (`Hooks.ready`; not for a compressed one, nor one with
-        trailers, which wait for it)."""
+    def _end_request(
+        self, st: Stream, hook: HookedRequest, trailers: bool, body: bytes | None = None
+    ) -> None:
+        """The client ended its hooked request (`body`, else what was held): unpack it and ask for
+        the pre hook, or send it on now with what its hooks have ready (`Hooks.ready`; not for a
+        compressed one, nor one with trailers, which wait for it)."""
         hook.released = True
         hook.trailers = trailers
-        body = b"".join(hook.held)
+        if body is None:
+            body = b"".join(hook.held)
         hook.held = []
         hook.out = body  # sent as it came unless the pre hook changes it
         try:
@@ -570,26 +687,34 @@ class LinkCore:
         except messages.MessageError as exc:
             self.events.append(RunPre(st.id, hook.info, hook.hooks, None, str(exc)))
         else:
-            ready = hook.hooks.ready
-            if ready is not None and not hook.encoding and not trailers:
-                try:
-                    r = ready(message, hook.info)
-                except Exception as exc:  # a hook's bug: the pre hook's path, where the runner judges it
-                    self.warnings.append(f"{hook.info.path}: ready hook failed: {exc!r}; the pre hook runs")
-                    r = None
-                if r is not None:
-                    raw = b"".join((message, r.patch))
-                    hook.out = messages.pack(raw, False)
-                    hook.sending = True
-                    st.sent_at = st.began
-                    hook.request = raw  # decoded after the write (`Readied`), for the hooks after the call
-                    self.events.append(Readied(st.id, hook.info, r, raw))
-                    self.ready_now.append(st)
-                    return
+            if not hook.encoding and not trailers and self._send_ready(st, hook, message):
+                self.ready_now.append(st)
+                return
             self.events.append(RunPre(st.id, hook.info, hook.hooks, message))
         hook.running = True
         if trailers:
             self.stalled = st.id
+
+    def _send_ready(self, st: Stream, hook: HookedRequest, message: bytes) -> bool:
+        """Whether the request goes on now with what its hooks have ready (`Hooks.ready`): then it
+        is what `hook.out` sends (the caller sends it)."""
+        ready = hook.hooks.ready
+        if ready is None:
+            return False
+        try:
+            r = ready(message, hook.info)
+        except Exception as exc:  # a hook's bug: the pre hook's path, where the runner judges it
+            self.warnings.append(f"{hook.info.path}: ready hook failed: {exc!r}; the pre hook runs")
+            return False
+        if r is None:
+            return False
+        raw = b"".join((message, r.patch))
+        hook.out = messages.pack(raw, False)
+        hook.sending = True
+        st.sent_at = st.began
+        hook.request = raw  # decoded after the write (`Readied`), for the hooks after the call
+        self.events.append(Readied(st.id, hook.info, r, raw))
+        return True
 
     def _reset(self, sid: int, code: int) -> Stream | None:
         """A stream reset by either side: forget it; stop its hook; let its hooks roll back."""
@@ -696,6 +821,8 @@ class LinkCore:
         """Send what the stream's window allows of its hooked request, in frames the runtime takes."""
         hook = st.hook
         assert hook is not None
+        if self._send_whole(st, hook):
+            return
         while hook.sending and not hook.finished:
             left = len(hook.out) - hook.out_at
             size = min(left, hook.window, self.win.max_frame)
@@ -712,6 +839,31 @@ class LinkCore:
                 hook.finished = True
                 self._settle(hook)
         self._flush_own_r()
+
+    def _send_whole(self, st: Stream, hook: HookedRequest) -> bool:
+        """The usual request: one frame the windows take now, sent as `_pump`'s loop and
+        `_flush_own_r` would send it, in fewer steps: True. False: nothing done."""
+        win = self.win
+        size = len(hook.out)
+        if (
+            not hook.sending
+            or hook.finished
+            or hook.out_at
+            or hook.trailers
+            or self.own_r
+            or win.backlog
+            or not 0 < size <= min(hook.window, win.max_frame, win.runtime_window)
+            or self.c_block.open
+        ):
+            return False
+        hook.out_at = size
+        hook.window -= size
+        win.withheld += size
+        win.runtime_window -= size
+        self.out_r.append(wire.frame(wire.DATA, wire.END_STREAM, st.id, hook.out))
+        hook.finished = True
+        self._settle(hook)
+        return True
 
     def _settle(self, hook: HookedRequest) -> None:
         """The stream sends nothing more of its own to the runtime: its held bytes are free."""

@@ -25,6 +25,10 @@ class Budget:
         self.limit = limit
         self.used = 0
 
+    def room(self, size: int) -> bool:
+        """Whether `take(size)` would succeed."""
+        return self.used + size <= self.limit
+
     def take(self, size: int) -> bool:
         if self.used + size > self.limit:
             return False
