@@ -48,12 +48,15 @@ HOOKS = Hooks(pre=_hook, post=_hook, failed=_hook, ready=_ready)
 class Side:
     """A core and what it gave: bytes each way, events."""
 
-    def __init__(self, whole: bool, buffer: int = 1 << 12, budget: int = 1 << 62) -> None:
+    def __init__(
+        self, whole: bool, buffer: int = 1 << 12, budget: int = 1 << 62, decode: bool = True
+    ) -> None:
         self.core = LinkCore(
             lambda path: HOOKS if path == CREATE else None,
             Limits(message=LIMIT, header_list=4096, buffer=buffer, header_block=12_000),
             Budget(budget),
             observer=lambda path, code, total, upstream: None,
+            decode_client=decode,
         )
         self.taken = 0  # reads the one pass took
         if not whole:
@@ -239,11 +242,16 @@ def runtime_frame(kind: int) -> bytes:
     [("frames", 3)] * 3,
     [],
     [],
-    (1 << 12, 1 << 62),
+    (1 << 12, 1 << 62, True),
 )
 # a patched request larger than the runtime's stream window: it goes in pieces
 @example(
-    [(CREATE, "plain", "whole", b"r", 60)], [("none", 0)], [("frames", 2)], [0], [True], (1 << 12, 1 << 62)
+    [(CREATE, "plain", "whole", b"r", 60)],
+    [("none", 0)],
+    [("frames", 2)],
+    [0],
+    [True],
+    (1 << 12, 1 << 62, True),
 )
 # each case the one pass leaves to the general loop, alone in its read after the calls before it
 @example(
@@ -256,30 +264,31 @@ def runtime_frame(kind: int) -> bytes:
     [("call", 1)] * 4,
     [None, 3],
     [],
-    (1 << 12, 1 << 62),
+    (1 << 12, 1 << 62, True),
 )  # the runtime's connection window spent (the client's is not: its held request was credited):
 # a DATA waits for it, and what comes after it
-@example([(CREATE, "plain", "open", b"r", 20)], [], [("frames", 2)], [], [], (1 << 12, 1 << 62))
-@example([(VERSION, "plain", "whole", b"r", 20)] * 2, [], [("past", 5)], [], [], (1 << 12, 1 << 62))
-@example([(CREATE, "plain", "short", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62))
-@example([(CREATE, "plain", "over", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62))
+@example([(CREATE, "plain", "open", b"r", 20)], [], [("frames", 2)], [], [], (1 << 12, 1 << 62, True))
+@example([(VERSION, "plain", "whole", b"r", 20)] * 2, [], [("past", 5)], [], [], (1 << 12, 1 << 62, True))
+@example([(CREATE, "plain", "whole", b"r", 20)] * 2, [], [("call", 1)] * 2, [], [], (1 << 12, 1 << 62, False))
+@example([(CREATE, "plain", "short", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62, True))
+@example([(CREATE, "plain", "over", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62, True))
 @example(
     [(CREATE, "plain", "whole", b"n", 20), (CREATE, "again", "whole", b"r", 20)],
     [],
     [("call", 1)] * 2,
     [],
     [],
-    (1 << 12, 1 << 62),
+    (1 << 12, 1 << 62, True),
 )  # a stream id used again
-@example([(CREATE, "plain", "whole", b"n", 60)] * 4, [], [("call", 1)] * 4, [], [], (200, 1 << 62))
-@example([(CREATE, "plain", "whole", b"n", 60)] * 3, [], [("call", 1)] * 3, [], [], (1 << 12, 150))
+@example([(CREATE, "plain", "whole", b"n", 60)] * 4, [], [("call", 1)] * 4, [], [], (200, 1 << 62, True))
+@example([(CREATE, "plain", "whole", b"n", 60)] * 3, [], [("call", 1)] * 3, [], [], (1 << 12, 150, True))
 @example(
     [(CREATE, "plain", "open", b"r", 20), (CREATE, "plain", "compressed", b"r", 20)],
     [],
     [("call", 1)] * 2,
     [],
     [],
-    (1 << 12, 1 << 62),
+    (1 << 12, 1 << 62, True),
 )
 @example(
     [(CREATE, "huge", "none", b"r", 20), (CREATE, "plain", "whole", b"r", 20)],
@@ -287,10 +296,10 @@ def runtime_frame(kind: int) -> bytes:
     [("frames", 1), ("call", 1)],
     [],
     [],
-    (1 << 12, 1 << 62),
+    (1 << 12, 1 << 62, True),
 )  # the next call comes while a block is decoded in steps
 @example(
-    [(CREATE, "huge", "whole", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62)
+    [(CREATE, "huge", "whole", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62, True)
 )  # a header list over the limit: the stream is refused
 @example(
     [(CREATE, "unfinished", "none", b"r", 20), (CREATE, "plain", "whole", b"r", 20)],
@@ -298,10 +307,10 @@ def runtime_frame(kind: int) -> bytes:
     [("call", 1)] * 2,
     [],
     [],
-    (1 << 12, 1 << 62),
+    (1 << 12, 1 << 62, True),
 )
-@example([(CREATE, "giant", "whole", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62))
-@example([(CREATE, "broken", "whole", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62))
+@example([(CREATE, "giant", "whole", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62, True))
+@example([(CREATE, "broken", "whole", b"r", 20)], [], [("call", 1)], [], [], (1 << 12, 1 << 62, True))
 @given(
     calls=st.lists(CALL, min_size=1, max_size=6),
     extras=st.lists(EXTRA, max_size=6),
@@ -316,7 +325,9 @@ def runtime_frame(kind: int) -> bytes:
         max_size=24,
     ),
     runtime=st.lists(st.one_of(st.none(), st.integers(0, 8)), max_size=24),
-    bounds=st.sampled_from([(1 << 12, 1 << 62), (200, 1 << 62), (1 << 12, 150)]),
+    bounds=st.sampled_from(
+        [(1 << 12, 1 << 62, True), (200, 1 << 62, True), (1 << 12, 150, True), (1 << 12, 1 << 62, False)]
+    ),
     finish=st.lists(st.booleans(), max_size=24),
 )
 def test_a_whole_request_taken_in_one_pass_leaves_all_as_the_general_loop(
@@ -325,7 +336,7 @@ def test_a_whole_request_taken_in_one_pass_leaves_all_as_the_general_loop(
     reads: list[tuple[str, int]],
     runtime: list[int | None],
     finish: list[bool],
-    bounds: tuple[int, int],
+    bounds: tuple[int, int, bool],
 ) -> None:
     sides = [Side(True, *bounds), Side(False, *bounds)]
     for side in sides:
