@@ -17,6 +17,7 @@ from cri_api.v1 import api_pb2 as pb
 from cri_proxy.relay import wire
 from cri_proxy.relay.core import Limits, LinkCore, PreDone, RunPost, RunPre
 from cri_proxy.relay.hooks import Hooks
+from tests.unit import reads as reads_
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -198,16 +199,7 @@ def test_a_read_passed_before_it_is_followed_leaves_all_as_following_it_first(
     chunks = [runtime_frame(kind, streams[i % len(streams)], v) for kind, i, v in frames]
     data = b"".join(chunks)
     ends = [sum(len(c) for c in chunks[: k + 1]) for k in range(len(chunks))]
-    at = 0
-    for n, (how, count) in enumerate([*reads, ("bytes", len(data))]):
-        if at >= len(data):
-            break
-        if how == "bytes":  # cut anywhere
-            end = at + count
-        else:  # up to the end of the frame at hand and count - 1 more (a read ends where a frame does)
-            later = [e for e in ends if e > at]
-            end = later[min(count, len(later)) - 1]
-        read, at = data[at:end], end
+    for n, read in enumerate(reads_.cut(data, ends, reads)):
         now = n < len(read_now) and read_now[n]
         for side in sides:
             side.core.receive_from_runtime(read, answers_later=True)

@@ -20,6 +20,7 @@ from cri_proxy.relay.core import Limits, LinkCore, PreDone, Readied, RunPre
 from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.hooks import Hooks, Ready
 from cri_proxy.relay.methods import MethodInfo
+from tests.unit import reads as reads_
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -357,18 +358,7 @@ def test_a_whole_request_taken_in_one_pass_leaves_all_as_the_general_loop(
     chunks = [c for c in chunks if c]
     data = b"".join(chunks)
     ends = [sum(len(c) for c in chunks[: k + 1]) for k in range(len(chunks))]
-    at = 0
-    for n, (how, count) in enumerate([*reads, ("bytes", len(data))]):
-        if at >= len(data):
-            break
-        if how == "bytes":  # cut anywhere
-            end = at + count
-        elif how == "past":  # the call at hand and `count` bytes of what follows
-            end = min([e for e in call_ends if e > at] or [len(data)]) + count
-        else:  # up to the end of the frame (or call) at hand and count - 1 more
-            later = [e for e in (ends if how == "frames" else call_ends) if e > at] or [len(data)]
-            end = later[min(count, len(later)) - 1]
-        read, at = data[at:end], end
+    for n, read in enumerate(reads_.cut(data, ends, reads, call_ends)):
         for side in sides:
             if n < len(runtime) and runtime[n] is not None:
                 side.core.receive_from_runtime(runtime_frame(runtime[n]), 1.0)
