@@ -340,7 +340,7 @@ class EnforceHooks:
 
     def _ready_patch(self, path: str, decision: ContainerDecision) -> bytes | None:
         """The cpuset patch for a create whose `decision` (read ahead) is all it needs: a cpuset to
-        set, nothing to vacate first (`_sure`, but for the dry run, which the caller asks). Kept for
+        set, nothing to vacate first (`_cpuset_only`; the caller asks about the dry run). Kept for
         the last decision: a pod's creates read the same one ahead, one after another, and the
         checks and the patch cost each ~30 µs on the path with the caches cold."""
         last = self._last_patch

@@ -435,15 +435,15 @@ class LinkCore:
             self.out_r.append(data)
             return True
         limits = self.limits
-        body = at + wire.HEADER_LEN
-        message = body + messages.PREFIX_LEN
+        prefix_at = at + wire.HEADER_LEN
+        message_at = prefix_at + messages.PREFIX_LEN
         if (
-            not message <= end <= message + limits.message
+            not message_at <= end <= message_at + limits.message
             or hook.encoding
             or self.held + flow > limits.buffer
             or not self.budget.room(flow)
-            or data[body]  # compressed (or not a prefix at all): the general path
-            or int.from_bytes(data[body + 1 : message], "big") != end - message
+            or data[prefix_at]  # compressed (or not a prefix at all): the general path
+            or int.from_bytes(data[prefix_at + 1 : message_at], "big") != end - message_at
         ):
             return False
         # as `_hold` and `_end_request` take it
@@ -453,8 +453,9 @@ class LinkCore:
         if end < len(data):
             self.out_r.append(data[end:])
         hook.released = True
-        hook.out = data[body:end]
-        ready = self._send_ready(st, hook, data[message:end])
+        hook.out = data[prefix_at:end]
+        message = data[message_at:end]
+        ready = self._send_ready(st, hook, message)
         if ready and self._send_whole(st, hook):
             return True  # held and given back at once: never counted
         self.held += flow
@@ -463,7 +464,7 @@ class LinkCore:
         if ready:
             self.ready_now.append(st)
         else:
-            self.events.append(RunPre(st.id, hook.info, hook.hooks, data[message:end]))
+            self.events.append(RunPre(st.id, hook.info, hook.hooks, message))
             hook.running = True
         return True
 
