@@ -103,6 +103,10 @@ class RunPre:
 
 @dataclass(frozen=True, slots=True)
 class RunPost:
+    """The runtime answered OK: run the post hook (`request` as forwarded; bytes: a ready request
+    not decoded yet, its `Readied` came first)."""
+
+    stream: int
     info: MethodInfo
     hooks: Hooks
     request: Message | bytes
@@ -111,6 +115,9 @@ class RunPost:
 
 @dataclass(frozen=True, slots=True)
 class RunFailed:
+    """The call did not succeed: run the failed hook (`request` as for `RunPost`)."""
+
+    stream: int
     info: MethodInfo
     hooks: Hooks
     request: Message | bytes
@@ -125,7 +132,8 @@ class CancelPre:
 @dataclass(frozen=True, slots=True)
 class Readied:
     """A request went on with what its hooks had ready (`Hooks.ready`): decode it as sent, for
-    `ready.after` and the hooks after the call."""
+    `ready.after` and the hooks after the call, before these (`RunPost`/`RunFailed` of `stream`)
+    and no sooner than need be: not while the runtime works on the call (`request_decoded`)."""
 
     stream: int
     info: MethodInfo
@@ -725,7 +733,7 @@ class LinkCore:
             if hook.running:
                 self._stop_pre(sid, hook, code)
             else:
-                self._failed(hook, code)
+                self._failed(sid, hook, code)
             self._settle(hook)
             if self.stalled == sid:
                 self.stalled = 0
@@ -796,7 +804,7 @@ class LinkCore:
         if info_hooks is not None and done.request is not None:
             info, hooks, code = info_hooks
             if hooks.failed is not None:
-                self.events.append(RunFailed(info, hooks, done.request, code))
+                self.events.append(RunFailed(sid, info, hooks, done.request, code))
 
     def _unstall(self, sid: int) -> None:
         if self.stalled != sid:
@@ -910,9 +918,9 @@ class LinkCore:
             if self.stalled == st.id:
                 self.stalled = 0
 
-    def _failed(self, hook: HookedRequest, code: int) -> None:
+    def _failed(self, sid: int, hook: HookedRequest, code: int) -> None:
         if hook.request is not None and hook.hooks.failed is not None:
-            self.events.append(RunFailed(hook.info, hook.hooks, hook.request, code))
+            self.events.append(RunFailed(sid, hook.info, hook.hooks, hook.request, code))
             hook.request = None  # once
 
     def _measure(self, st: Stream, code: int, now: float, upstream: bool) -> None:
@@ -1072,7 +1080,7 @@ class LinkCore:
             self._own_to_runtime(wire.rst_stream(st.id, wire.CANCEL))
             self._own_to_runtime(wire.window_update(0, end - body))
             if st.hook is not None:
-                self._failed(st.hook, RESOURCE_EXHAUSTED)
+                self._failed(st.id, st.hook, RESOURCE_EXHAUSTED)
             self._flush_own_c()
             return False
         if st.hook is not None and st.hook.hooks.post is not None and st.hook.request is not None:
@@ -1159,9 +1167,9 @@ class LinkCore:
                     f"{hook.info.path}: response is not one uncompressed message; no post hook"
                 )
             else:
-                self.events.append(RunPost(hook.info, hook.hooks, hook.request, response))
+                self.events.append(RunPost(st.id, hook.info, hook.hooks, hook.request, response))
         elif code != OK:
-            self._failed(hook, code)
+            self._failed(st.id, hook, code)
 
     def _runtime_window(self, sid: int, buf: Buf, at: int, end: int, start: int) -> bool:
         increment = wire.window_increment(buf[at + wire.HEADER_LEN : end])
@@ -1299,7 +1307,7 @@ class LinkCore:
         if hook.running:
             self._stop_pre(st.id, hook, code)
         else:
-            self._failed(hook, code)
+            self._failed(st.id, hook, code)
         self._settle(hook)
 
     def runtime_lost(self, why: str) -> None:

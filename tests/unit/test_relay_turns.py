@@ -55,6 +55,9 @@ class Transport:
     def close(self) -> None:
         pass
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
 
 def frames(data: bytes) -> list[int]:
     """The frame types in `data` (HTTP/2 frames, no preface)."""
@@ -324,3 +327,109 @@ def test_the_line_about_a_create_is_written_with_its_answer(tmp_path: Any) -> No
         run(main())
     finally:
         logger.remove(sink)
+
+
+def _ready_table(log: list[tuple[str, bytes]]) -> HookTable:
+    """CreateContainer with a ready hook (a cpuset patch; `after` and the hooks after the call log
+    what they got)."""
+    from cri_proxy.relay.hooks import Ready
+
+    patch = pb.CreateContainerRequest(
+        config=pb.ContainerConfig(
+            linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(cpuset_cpus="3"))
+        )
+    ).SerializeToString()
+
+    def ready(message: bytes, info: Any) -> Ready:
+        return Ready(patch, lambda sent: log.append(("after", sent.SerializeToString())))
+
+    async def post(request: Any, response: Any, info: Any) -> None:
+        log.append(("post", request.SerializeToString()))
+
+    async def failed(request: Any, code: Any, info: Any) -> None:
+        log.append(("failed", request.SerializeToString()))
+
+    table = HookTable()
+    table.register("CreateContainer", pre=None, post=post, failed=failed, ready=ready)
+    return table
+
+
+def _answer(server: h2.connection.H2Connection, sid: int, status: str) -> bytes:
+    reply = pb.CreateContainerResponse(container_id="c1").SerializeToString()
+    server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+    if status == "0":
+        server.send_data(sid, b"\0" + len(reply).to_bytes(4, "big") + reply)
+    server.send_headers(sid, [("grpc-status", status)], end_stream=True)
+    return server.data_to_send()
+
+
+@pytest.mark.parametrize("status, hook", [("0", "post"), ("2", "failed")])
+def test_a_ready_requests_after_runs_once_its_answer_is_written_before_the_hook_after_it(
+    status: str, hook: str
+) -> None:
+    """A request that went on ready is decoded for `Ready.after` (a create's pending record) not
+    while the runtime works on it, where its CPU would slow the runtime's (`READY_WAIT`), but
+    after the answer's write, right before the hook after the call, which gets the same request:
+    decoded once, counted once as the pre hook's "ready"."""
+
+    async def main() -> None:
+        log: list[tuple[str, bytes]] = []
+        link, client, server = connected(_ready_table(log), log)
+        body = pb.CreateContainerRequest(pod_sandbox_id="p", config=pb.ContainerConfig()).SerializeToString()
+        sid = send_call(client, body)
+        link.data_received(client.data_to_send())
+        assert [who for who, _ in log] == ["runtime"]  # the request went on; nothing decoded yet
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert [who for who, _ in log] == ["runtime"] and link.readied
+        server.receive_data(log[0][1])
+        log.clear()
+        link.runtime_data(_answer(server, sid, status))
+        assert [who for who, _ in log] == ["client", "after", hook]
+        sent = pb.CreateContainerRequest.FromString(log[1][1])
+        assert sent.config.linux.resources.cpuset_cpus == "3" and sent.pod_sandbox_id == "p"
+        assert log[2][1] == log[1][1]
+        assert link.relay.runner.runs[("CreateContainer", "pre", "ready")] == 1
+        assert not link.readied and not link.tasks
+
+    run(main())
+
+
+def test_a_ready_request_without_an_answer_is_decoded_ready_wait_after_its_write_or_at_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the runtime takes long (a create that hangs), `Ready.after` does not wait for the
+    answer: it runs `READY_WAIT` after the write, and the hook after the call gets the request
+    decoded then; a link that closes decodes those still waiting at once (the failed hook gets
+    them)."""
+    from cri_proxy.relay import transport
+
+    monkeypatch.setattr(transport, "READY_WAIT", 0.02)
+
+    async def main() -> None:
+        log: list[tuple[str, bytes]] = []
+        link, client, server = connected(_ready_table(log), log)
+        body = pb.CreateContainerRequest(pod_sandbox_id="p").SerializeToString()
+        sid = send_call(client, body)
+        link.data_received(client.data_to_send())
+        for _ in range(200):  # deadline 2 s
+            if any(who == "after" for who, _ in log):
+                break
+            await asyncio.sleep(0.01)
+        assert [who for who, _ in log] == ["runtime", "after"] and not link.readied
+        server.receive_data(log[0][1])
+        log.clear()
+        link.runtime_data(_answer(server, sid, "0"))
+        assert [who for who, _ in log] == ["client", "post"]  # decoded before: not again
+        assert pb.CreateContainerRequest.FromString(log[1][1]).pod_sandbox_id == "p"
+
+        log.clear()
+        send_call(client, body)
+        link.data_received(client.data_to_send())
+        assert [who for who, _ in log] == ["runtime"] and link.readied
+        link.connection_lost(None)  # the client went: its call ends, its failed hook runs
+        assert [who for who, _ in log] == ["runtime", "after", "failed"]
+        assert link.ready_due is None and not link.readied
+        assert link.relay.runner.runs[("CreateContainer", "pre", "ready")] == 2
+
+    run(main())
