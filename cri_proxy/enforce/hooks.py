@@ -301,8 +301,11 @@ class EnforceHooks:
         (`Policy.before_create`) and needs nothing but a cpuset set (`_ready_patch`). Of the
         request only the pod's id is parsed (`create_sandbox`), and the container's keys too when
         nothing was read ahead for the pod (`create_keys`); the cpuset goes as a patch the runtime
-        merges over the request's own; the container's name, the pending record and the line
-        follow once the request went on (`after`). Else None and the pre hook runs: a debug line to
+        merges over the request's own; the container's name follows once the request went on
+        (`after`, which the relay runs when the call ends, or a while after its write when it
+        does not), and its pending record a loop turn later (`_record`), unless the hooks after
+        the call come first: then it goes in as created (`_went_in`). Else None and the pre hook
+        runs: a debug line to
         write, keys that do not decode, an unknown pod, an exclusive or dry-run create, or the
         `fail` policy (a request that does not decode is then refused before it goes, which only
         the pre hook's path does)."""
@@ -334,7 +337,7 @@ class EnforceHooks:
             resources = resources_bytes(request.config.linux.resources)
             pending = _Pending(pod, pid, name, attempt, resources, info.version)
             self._unrecorded[pid] = (pending, early, str(early.decision.cpuset))
-            self._record(pid)
+            soon(self._record, pid)  # unless the hooks after the call come first (`_went_in`)
 
         return Ready(patch, after)
 
@@ -418,9 +421,13 @@ class EnforceHooks:
         req: Any = request
         pid = pending_id(req.pod_sandbox_id, req.config.metadata.name, req.config.metadata.attempt)
         cid = response.container_id  # type: ignore[attr-defined]
-        self._said(pid, f"; created {cid[:13]}")
         resources = req.config.linux.resources
         applied = canonical_cpuset(resources.cpuset_cpus)
+        waiting = self._unrecorded.pop(pid, None)
+        if waiting is not None:
+            self._went_in(waiting, cid, resources_bytes(resources), applied)
+            return
+        self._said(pid, f"; created {cid[:13]}")
         # asked of the pending record, before the rename (which changes no decision but a v1 kubelet
         # file's): as the pre hook asked, so usually without making the node's plan on the call's path
         pod = self.state.pod(req.pod_sandbox_id)
@@ -451,6 +458,48 @@ class EnforceHooks:
             )
         self.state.update_container(cid, resources=kept, applied=applied)
         self.reconciler.request()
+
+    def _went_in(self, waiting: tuple[_Pending, Early, str], cid: str, kept: bytes, applied: str) -> None:
+        """A create decided early whose call ended before its pending record went in (the usual
+        ready create, `ready_create`): the container goes in as created, in one change instead of
+        two (its pending record, then its runtime id), with what its record would have led to
+        (`_record`, then the rename's). Half the state's and the policy's work after a create, done
+        where the caller waits to be woken by its answer."""
+        pending, early, cpus = waiting
+        pod = pending.pod
+        decision = early.decision
+        self._learned.discard(pod.sandbox_id)
+        record = pending.record()
+        self.state.put_container(
+            ContainerRecord(
+                id=cid,
+                sandbox_id=record.sandbox_id,
+                name=record.name,
+                attempt=record.attempt,
+                state=ContainerState.CREATED,
+                resources=kept,
+                applied=applied,
+                api_version=record.api_version,
+            )
+        )
+        self.policy.took_early(early, cid)
+        settled = not self.policy.ids_matter() and self.policy.as_decided(pod, cid, applied)
+        self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
+        put_off(
+            _say,
+            pod,
+            pending.name,
+            "INFO",
+            "{} -> cpuset {} ({}){}",
+            decision.qos,
+            cpus,
+            decision.why,
+            f"; created {cid[:13]}",
+        )
+        self.reconciler.created(cid)
+        self._plan_soon(pod.sandbox_id, PLAN_LATER if self.policy.went_in(cid) else 0.0)
+        if not settled:
+            self.reconciler.request()
 
     async def create_failed(self, request: Message, code: grpc.StatusCode, info: MethodInfo) -> None:
         req: Any = request

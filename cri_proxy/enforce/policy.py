@@ -194,6 +194,14 @@ class Policy:
         self._taken.discard(old_id)
         return taken and self._carry(2)
 
+    def went_in(self, container_id: str) -> bool:
+        """As `renamed`, for a container that took a decision read ahead and went in under its
+        runtime id at once, its pending record skipped (`EnforceHooks._went_in`): one change since
+        the read, not two. True when what was read ahead still holds."""
+        taken = container_id in self._taken
+        self._taken.discard(container_id)
+        return taken and self._carry(1)
+
     def moved_nothing(self, before: int) -> bool:
         """The state changed from rules generation `before` by one change that the caller knows
         moves no decision (a container started: live before and after, its pod's containers the

@@ -94,9 +94,9 @@ def test_the_ready_hook_reads_the_pods_id_and_the_containers_keys_after_the_writ
 ) -> None:
     """The relay's ready hook (`EnforceHooks.ready_create`) reads only the pod's id of a create
     whose decision was read ahead for the pod; the container's name and attempt come from the
-    request as sent (`Ready.after`), and its pending record has them. With nothing read ahead it
-    reads the container's keys and asks for the container. Dry run, the fail policy, an unknown
-    pod, an id that does not decode: None, the pre hook runs."""
+    request as sent (`Ready.after`), and its pending record, a loop turn later, has them. With
+    nothing read ahead it reads the container's keys and asks for the container. Dry run, the
+    fail policy, an unknown pod, an id that does not decode: None, the pre hook runs."""
     from cri_api.v1 import api_pb2 as v1
     from cri_proxy.enforce import hooks as hooks_module
     from cri_proxy.enforce.hooks import pending_id
@@ -130,6 +130,8 @@ def test_the_ready_hook_reads_the_pods_id_and_the_containers_keys_after_the_writ
                 assert sent.config.linux.resources.cpuset_cpus == "0-15"
                 ready.after(sent)
                 pid = pending_id(sandbox, f"web{read_ahead}", 2)
+                assert state.container(pid) is None  # a loop turn later (`_record`)
+                await asyncio.sleep(0)
                 assert state.container(pid) is not None
 
             policy.plan()
@@ -146,3 +148,74 @@ def test_the_ready_hook_reads_the_pods_id_and_the_containers_keys_after_the_writ
             assert hooks.ready_create(raw, info) is not None
 
     run(main())
+
+
+def test_a_ready_create_whose_call_ends_before_its_record_goes_in_as_created_in_one_change(
+    tmp_path: Path,
+) -> None:
+    """The usual create's hooks after the call run right after `Ready.after` (the relay decodes a
+    ready request when its call ends): the container goes in under its runtime id at once, in one
+    change, not as a pending record renamed (`EnforceHooks._went_in`); its record is the one the
+    two steps make, no pass is asked for, its line says what it was given, and what was read
+    ahead for the pod still holds (no plan before the next create)."""
+    from loguru import logger
+
+    from cri_api.v1 import api_pb2 as v1
+    from cri_proxy.enforce.hooks import pending_id
+    from cri_proxy.relay.methods import KNOWN
+
+    info = KNOWN["/runtime.v1.RuntimeService/CreateContainer"]
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{message}")
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            hooks, policy, state = n.proxy.hooks, n.proxy.policy, n.proxy.state
+            sandbox, _ = await n.run_pod("p", qos="besteffort", containers=())
+            pod = state.pod(sandbox)
+            assert pod is not None
+            await n.settle()
+            asked: list[int] = []
+            request = n.proxy.reconciler.request
+            n.proxy.reconciler.request = lambda *a, **k: asked.append(1) or request(*a, **k)  # type: ignore[method-assign]
+            records = {}
+            for name, turn_between in (("one", False), ("two", True), ("three", False)):
+                policy.plan()
+                policy.prepare([sandbox])
+                meta = v1.ContainerMetadata(name=name, attempt=1)
+                raw = v1.CreateContainerRequest(
+                    pod_sandbox_id=sandbox, config=v1.ContainerConfig(metadata=meta)
+                ).SerializeToString()
+                ready = hooks.ready_create(raw, info)
+                assert ready is not None
+                sent = v1.CreateContainerRequest.FromString(raw + ready.patch)
+                before = state.rules_generation
+                ready.after(sent)
+                if turn_between:  # the answer came a loop turn later: the pending record went in
+                    await asyncio.sleep(0)
+                    assert state.container(pending_id(sandbox, name, 1)) is not None
+                cached = policy._cached
+                cid = f"ctr-{name}"
+                await hooks.container_created(sent, v1.CreateContainerResponse(container_id=cid), info)
+                await asyncio.sleep(0)
+                assert state.container(pending_id(sandbox, name, 1)) is None
+                assert state.rules_generation == before + (2 if turn_between else 1)
+                record = state.container(cid)
+                assert record is not None
+                records[name] = dataclasses.replace(record, id="", name="")
+                assert policy.before_create(pod, None) is not None and policy._cached is cached
+                line = f"{name}: BE -> cpuset 0-15 (BE share pool); created {cid}"
+                for _ in range(200):  # put off a moment (`put_off`): deadline 2 s
+                    if any(text.rstrip().endswith(line) for text in lines):
+                        break
+                    await asyncio.sleep(0.01)
+                assert any(text.rstrip().endswith(line) for text in lines), lines
+            assert records["one"] == records["two"] == records["three"]
+            assert records["one"].state.value == "created" and records["one"].applied == "0-15"
+            assert asked == []
+            assert hooks.injected["BE"] == 3
+
+    try:
+        run(main())
+    finally:
+        logger.remove(sink)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from cri_proxy.config import Config
-from cri_proxy.cpu import CPUSet, Topology
+from cri_proxy.cpu import CPUSet, QoS, Topology
 from cri_proxy.cpu.decide import may_move_pools
 from cri_proxy.cpu.keys import QOS_LABEL, RESOURCE_STATUS_ANNOTATION
 from cri_proxy.enforce.policy import READ_AHEAD_KEPT, Policy
@@ -120,6 +120,35 @@ class OneContainer(RuleBasedStateMachine):
         self.n += 1
         self.state.rename_container(c.id, f"ctr{self.n}")
         self.policy.renamed(c.id)
+
+    @precondition(lambda self: self.pods)
+    @rule(data=st.data(), newest=st.booleans())
+    def ready_create_went_in(self, data: st.DataObject, newest: bool) -> None:
+        """As the relay's usual create (`EnforceHooks.ready_create`) whose call ends before its
+        pending record goes in: read ahead for the pod alone, the container goes in under its
+        runtime id at once (`EnforceHooks._went_in`), then `took_early`, `as_decided` and
+        `went_in` on it. What it was given is what a fresh plan says; what was read ahead, when
+        `went_in` carries it, answers the next create as the whole plan would (`hooked_create_in`
+        and the invariant check that)."""
+        sid = self.pods[-1] if newest else data.draw(st.sampled_from(self.pods))
+        pod = self.state.pod(sid)
+        if pod is None:
+            return
+        early = self.policy.before_create(pod, None)
+        if early is None or early.decision.cpuset is None or early.decision.qos in (QoS.LSE, QoS.LSR):
+            return  # not the ready hook's: the pre hook decides on the path
+        self.n += 1
+        cid, applied = f"ctr{self.n}", str(early.decision.cpuset)
+        self.state.put_container(ContainerRecord(cid, sid, f"c{self.n}", applied=applied))
+        fresh = Policy(self.state, TOPOLOGY, lambda: self.config).plan()
+        if self.policy.took_early(early, cid):
+            assert fresh.containers.get(cid) == early.decision
+        decided = fresh.containers.get(cid)
+        want = fresh.exclusive == frozenset() and (
+            decided is not None and (decided.cpuset is None or str(decided.cpuset) == applied)
+        )
+        assert self.policy.as_decided(pod, cid, applied) == want
+        self.policy.went_in(cid)
 
     @precondition(lambda self: self.state.containers())
     @rule(data=st.data(), newest=st.booleans())
