@@ -106,17 +106,20 @@ class _Pending:
     id: str
     name: str
     attempt: int
-    resources: bytes  # as the request asked, before the cpuset went in
+    # as the request asked, before the cpuset went in; or as sent, a message serialised only when
+    # the record goes in (the usual create goes in as created, from its answer's: `_went_in`)
+    resources: bytes | Message
     api_version: str
 
     def record(self) -> ContainerRecord:
+        resources = self.resources
         return ContainerRecord(
             id=self.id,
             sandbox_id=self.pod.sandbox_id,
             name=self.name,
             attempt=self.attempt,
             state=ContainerState.PENDING,
-            resources=self.resources,
+            resources=resources if isinstance(resources, bytes) else resources_bytes(resources),
             api_version=self.api_version,
         )
 
@@ -334,8 +337,7 @@ class EnforceHooks:
             request: Any = sent  # as the runtime reads it: the keys the hooks after the call see
             name, attempt = request.config.metadata.name, request.config.metadata.attempt
             pid = pending_id(sandbox_id, name, attempt)
-            resources = resources_bytes(request.config.linux.resources)
-            pending = _Pending(pod, pid, name, attempt, resources, info.version)
+            pending = _Pending(pod, pid, name, attempt, request.config.linux.resources, info.version)
             self._unrecorded[pid] = (pending, early, str(early.decision.cpuset))
             soon(self._record, pid)  # unless the hooks after the call come first (`_went_in`)
 
@@ -469,17 +471,16 @@ class EnforceHooks:
         pod = pending.pod
         decision = early.decision
         self._learned.discard(pod.sandbox_id)
-        record = pending.record()
         self.state.put_container(
             ContainerRecord(
                 id=cid,
-                sandbox_id=record.sandbox_id,
-                name=record.name,
-                attempt=record.attempt,
+                sandbox_id=pod.sandbox_id,
+                name=pending.name,
+                attempt=pending.attempt,
                 state=ContainerState.CREATED,
                 resources=kept,
                 applied=applied,
-                api_version=record.api_version,
+                api_version=pending.api_version,
             )
         )
         self.policy.took_early(early, cid)
