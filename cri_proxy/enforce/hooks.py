@@ -112,14 +112,26 @@ class _Pending:
     api_version: str
 
     def record(self) -> ContainerRecord:
+        """Its pending record."""
         resources = self.resources
+        serialised = resources if isinstance(resources, bytes) else resources_bytes(resources)
+        return self._as(self.id, ContainerState.PENDING, serialised, None)
+
+    def created(self, container_id: str, resources: bytes, applied: str) -> ContainerRecord:
+        """Its record as created, under its runtime id (`EnforceHooks._went_in`)."""
+        return self._as(container_id, ContainerState.CREATED, resources, applied)
+
+    def _as(
+        self, container_id: str, state: ContainerState, resources: bytes, applied: str | None
+    ) -> ContainerRecord:
         return ContainerRecord(
-            id=self.id,
+            id=container_id,
             sandbox_id=self.pod.sandbox_id,
             name=self.name,
             attempt=self.attempt,
-            state=ContainerState.PENDING,
-            resources=resources if isinstance(resources, bytes) else resources_bytes(resources),
+            state=state,
+            resources=resources,
+            applied=applied,
             api_version=self.api_version,
         )
 
@@ -308,10 +320,9 @@ class EnforceHooks:
         (`after`, which the relay runs when the call ends, or a while after its write when it
         does not), and its pending record a loop turn later (`_record`), unless the hooks after
         the call come first: then it goes in as created (`_went_in`). Else None and the pre hook
-        runs: a debug line to
-        write, keys that do not decode, an unknown pod, an exclusive or dry-run create, or the
-        `fail` policy (a request that does not decode is then refused before it goes, which only
-        the pre hook's path does)."""
+        runs: a debug line to write, keys that do not decode, an unknown pod, an exclusive or
+        dry-run create, or the `fail` policy (a request that does not decode is then refused
+        before it goes, which only the pre hook's path does)."""
         if debug_enabled():
             return None
         settings = self.settings()
@@ -471,18 +482,7 @@ class EnforceHooks:
         pod = pending.pod
         decision = early.decision
         self._learned.discard(pod.sandbox_id)
-        self.state.put_container(
-            ContainerRecord(
-                id=cid,
-                sandbox_id=pod.sandbox_id,
-                name=pending.name,
-                attempt=pending.attempt,
-                state=ContainerState.CREATED,
-                resources=kept,
-                applied=applied,
-                api_version=pending.api_version,
-            )
-        )
+        self.state.put_container(pending.created(cid, kept, applied))
         self.policy.took_early(early, cid)
         settled = not self.policy.ids_matter() and self.policy.as_decided(pod, cid, applied)
         self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1

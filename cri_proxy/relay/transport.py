@@ -46,9 +46,9 @@ CLOSE_WAIT = 5.0  # seconds a closed side has to take what is still written to i
 GONE_CHECK = 1.0  # seconds between two looks at whether a client not read meanwhile has hung up
 READY_WAIT = 0.1
 """Seconds a request that went on ready (`Readied`) waits, at most, to be decoded and handed to
-`Ready.after` (a create's pending record): done before the hooks after its call, not while the
-runtime works on it. On two CPUs, 0.5 ms of the proxy's CPU right after a create's request added
-~0.2 ms to the create (bench/relay.py --floor); the same work after the answer, ~0.07 ms."""
+`Ready.after` (a create's pending record): done right before the hooks after its call, not while
+the runtime works on it (on two CPUs, 0.5 ms of the proxy's CPU there added 0.14-0.22 ms to a
+create), and the two together are less work (`EnforceHooks._went_in`). docs/performance.md."""
 
 
 class FrameRelay:
@@ -180,8 +180,9 @@ class Link(asyncio.Protocol):
         self.ping_due: asyncio.TimerHandle | None = None  # when the runtime's held PINGs get answered
         self.gone_check: asyncio.TimerHandle | None = None  # while the client is not read
         self.quiet_due: asyncio.TimerHandle | None = None  # when the client's quiet frames go
-        self.readied: dict[int, Readied] = {}  # stream -> its request that went on ready, not decoded
-        self.ready_due: asyncio.TimerHandle | None = None  # when those are decoded at the latest
+        # stream -> its request that went on ready, not decoded yet, and when it is due (loop time)
+        self.readied: dict[int, tuple[Readied, float]] = {}
+        self.ready_due: asyncio.TimerHandle | None = None  # when the oldest of those is decoded
         self.pres: dict[int, asyncio.Future[PreOutcome]] = {}
         self.tasks: set[asyncio.Future[Any]] = set()
 
@@ -284,7 +285,7 @@ class Link(asyncio.Protocol):
             self.quiet_due.cancel()
         self.core.client_lost()
         self._events()
-        self._decode_readied()  # those whose calls ended without a hook after them
+        self._decode_readied(everything=True)  # those whose calls ended without a hook after them
         if self.relay.measured:
             self.relay.report()
         # what is still to go to the runtime is the requests of a client that is gone: dropped at
@@ -435,28 +436,35 @@ class Link(asyncio.Protocol):
             if request is not None:
                 self._after_call(runner.failed(event.info, event.hooks, request, event.code))
         elif isinstance(event, Readied):
-            self.readied[event.stream] = event
+            loop = asyncio.get_running_loop()
+            due = loop.time() + READY_WAIT
+            self.readied[event.stream] = (event, due)
             if self.ready_due is None:
-                self.ready_due = asyncio.get_running_loop().call_later(READY_WAIT, self._decode_readied)
+                self.ready_due = loop.call_at(due, self._decode_readied)
 
     def _as_sent(self, stream: int, request: Message | bytes) -> Message | bytes | None:
         """The request of a call that ended, for its hooks after it: a ready one still waiting is
         decoded now and handed to `Ready.after` first (None: it does not decode, no hook sees it)."""
-        readied = self.readied.pop(stream, None)
-        if readied is None:
+        waiting = self.readied.pop(stream, None)
+        if waiting is None:
             return request
+        readied = waiting[0]
         return self.relay.runner.readied(readied.info, readied.ready, readied.request)
 
-    def _decode_readied(self) -> None:
-        """The ready requests still waiting (`READY_WAIT` passed, or the link closed), decoded now:
-        what the hooks after their calls get."""
+    def _decode_readied(self, everything: bool = False) -> None:
+        """The ready requests that waited `READY_WAIT` (or all: the link closed), decoded now: what
+        the hooks after their calls get. Those written since wait on (a timer for the oldest)."""
         if self.ready_due is not None:
             self.ready_due.cancel()
             self.ready_due = None
-        waiting, self.readied = self.readied, {}
-        runner = self.relay.runner
-        for event in waiting.values():
-            self.core.request_decoded(event.stream, runner.readied(event.info, event.ready, event.request))
+        runner, readied = self.relay.runner, self.readied
+        now = asyncio.get_running_loop().time()
+        for stream, (event, due) in list(readied.items()):  # oldest first
+            if due > now and not everything:
+                self.ready_due = asyncio.get_running_loop().call_at(due, self._decode_readied)
+                return
+            del readied[stream]
+            self.core.request_decoded(stream, runner.readied(event.info, event.ready, event.request))
 
     def _after_call(self, hook: Coroutine[Any, Any, None]) -> None:
         """A hook after the call (its answer is written): run now; one that waits goes on in a task."""

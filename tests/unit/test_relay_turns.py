@@ -399,12 +399,12 @@ def test_a_ready_request_without_an_answer_is_decoded_ready_wait_after_its_write
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """When the runtime takes long (a create that hangs), `Ready.after` does not wait for the
-    answer: it runs `READY_WAIT` after the write, and the hook after the call gets the request
-    decoded then; a link that closes decodes those still waiting at once (the failed hook gets
-    them)."""
+    answer: it runs `READY_WAIT` after the write (a request written since waits on: its own
+    `READY_WAIT`), and the hook after the call gets the request decoded then; a link that closes
+    decodes those still waiting at once (the failed hook gets them)."""
     from cri_proxy.relay import transport
 
-    monkeypatch.setattr(transport, "READY_WAIT", 0.02)
+    monkeypatch.setattr(transport, "READY_WAIT", 0.2)
 
     async def main() -> None:
         log: list[tuple[str, bytes]] = []
@@ -412,16 +412,31 @@ def test_a_ready_request_without_an_answer_is_decoded_ready_wait_after_its_write
         body = pb.CreateContainerRequest(pod_sandbox_id="p").SerializeToString()
         sid = send_call(client, body)
         link.data_received(client.data_to_send())
-        for _ in range(200):  # deadline 2 s
+        server.receive_data(log[0][1])
+        await asyncio.sleep(0.1)
+        later = send_call(client, pb.CreateContainerRequest(pod_sandbox_id="q").SerializeToString())
+        link.data_received(client.data_to_send())
+        server.receive_data(log[1][1])
+        assert [who for who, _ in log] == ["runtime", "runtime"]
+        for _ in range(300):  # deadline 3 s
             if any(who == "after" for who, _ in log):
                 break
             await asyncio.sleep(0.01)
-        assert [who for who, _ in log] == ["runtime", "after"] and not link.readied
-        server.receive_data(log[0][1])
+        assert [who for who, _ in log] == ["runtime", "runtime", "after"]
+        assert pb.CreateContainerRequest.FromString(log[2][1]).pod_sandbox_id == "p"
+        assert list(link.readied) == [later]  # written 0.1 s later: not due with the first
         log.clear()
         link.runtime_data(_answer(server, sid, "0"))
         assert [who for who, _ in log] == ["client", "post"]  # decoded before: not again
         assert pb.CreateContainerRequest.FromString(log[1][1]).pod_sandbox_id == "p"
+        for _ in range(300):  # deadline 3 s
+            if not link.readied:
+                break
+            await asyncio.sleep(0.01)
+        assert [who for who, _ in log] == ["client", "post", "after"] and link.ready_due is None
+        log.clear()
+        link.runtime_data(_answer(server, later, "0"))
+        assert [who for who, _ in log] == ["client", "post"]
 
         log.clear()
         send_call(client, body)
@@ -430,6 +445,6 @@ def test_a_ready_request_without_an_answer_is_decoded_ready_wait_after_its_write
         link.connection_lost(None)  # the client went: its call ends, its failed hook runs
         assert [who for who, _ in log] == ["runtime", "after", "failed"]
         assert link.ready_due is None and not link.readied
-        assert link.relay.runner.runs[("CreateContainer", "pre", "ready")] == 2
+        assert link.relay.runner.runs[("CreateContainer", "pre", "ready")] == 3
 
     run(main())
