@@ -50,6 +50,8 @@ PLAN_LATER = 0.1
 """Seconds the plan after a create waits when what was read ahead for the next create still holds
 (`Policy.renamed`): a pod's creates in a row make one plan in that time, not one each; a plan
 after a create is ~0.2 ms of a CPU the runtime and the kubelet's next call want."""
+GIVEN = "{} -> cpuset {} ({})"
+"""The line about a create given a cpuset (its QoS class, the cpuset, why), before what became of it."""
 LINES_WAITING = 1024
 """Creates in flight whose line waits for their answer, at most; past it the oldest is written."""
 
@@ -296,11 +298,11 @@ class EnforceHooks:
         cpus = str(decision.cpuset)
         dry_run = self.dry_run
         dry = " [dry-run]" if dry_run else ""
-        self._line(pid, pod, name, "{} -> cpuset {} ({}){}", decision.qos, cpus, decision.why, dry)
+        self._line(pid, pod, name, GIVEN + "{}", decision.qos, cpus, decision.why, dry)
         if dry_run:
             return request
         req.config.linux.resources.cpuset_cpus = cpus  # creates linux/resources when absent
-        self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
+        self._injected(decision)
         if decision.qos in EXCLUSIVE:
             try:
                 await self._vacate(pod, name, cpus)
@@ -382,8 +384,13 @@ class EnforceHooks:
         decision = early.decision
         self.state.put_container(pending.record())
         self.policy.took_early(early, pid)  # the post hook then asks nothing again
-        self._line(pid, pending.pod, pending.name, "{} -> cpuset {} ({})", decision.qos, cpus, decision.why)
-        self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
+        self._line(pid, pending.pod, pending.name, GIVEN, decision.qos, cpus, decision.why)
+        self._injected(decision)
+
+    def _injected(self, decision: ContainerDecision) -> None:
+        """A create that goes on with `decision`'s cpuset: counted by its QoS class."""
+        qos = str(decision.qos)
+        self.injected[qos] = self.injected.get(qos, 0) + 1
 
     def _line(self, pid: str, pod: PodRecord, name: str, message: str, *args: object) -> None:
         """The INFO line about create `pid`, kept until its call ends (`_said`)."""
@@ -485,13 +492,13 @@ class EnforceHooks:
         self.state.put_container(pending.created(cid, kept, applied))
         self.policy.took_early(early, cid)
         settled = not self.policy.ids_matter() and self.policy.as_decided(pod, cid, applied)
-        self.injected[str(decision.qos)] = self.injected.get(str(decision.qos), 0) + 1
+        self._injected(decision)
         put_off(
             _say,
             pod,
             pending.name,
             "INFO",
-            "{} -> cpuset {} ({}){}",
+            GIVEN + "{}",
             decision.qos,
             cpus,
             decision.why,

@@ -457,11 +457,11 @@ class Link(asyncio.Protocol):
         if self.ready_due is not None:
             self.ready_due.cancel()
             self.ready_due = None
-        runner, readied = self.relay.runner, self.readied
-        now = asyncio.get_running_loop().time()
+        runner, readied, loop = self.relay.runner, self.readied, asyncio.get_running_loop()
+        now = loop.time()
         for stream, (event, due) in list(readied.items()):  # oldest first
             if due > now and not everything:
-                self.ready_due = asyncio.get_running_loop().call_at(due, self._decode_readied)
+                self.ready_due = loop.call_at(due, self._decode_readied)
                 return
             del readied[stream]
             self.core.request_decoded(stream, runner.readied(event.info, event.ready, event.request))
