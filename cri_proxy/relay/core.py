@@ -184,8 +184,12 @@ class LinkCore:
         decode_client: bool = True,
         decode_runtime: bool = True,
         runtime_name: str = "runtime",
+        as_is: Callable[[Hooks], bool] | None = None,
     ) -> None:
         self.hooks = hooks
+        # whether a request whose method is hooked only after its call goes on as it came, decoded
+        # for those hooks only when the call ended (`HookRunner.as_is`); None: never
+        self.as_is = as_is
         self.limits = limits
         self.budget = budget if budget is not None else Budget(1 << 62)
         self.observer = observer
@@ -705,11 +709,19 @@ class LinkCore:
             self.stalled = st.id
 
     def _send_ready(self, st: Stream, hook: HookedRequest, message: bytes) -> bool:
-        """Whether the request goes on now with what its hooks have ready (`Hooks.ready`): then it
-        is what `hook.out` sends (the caller sends it)."""
-        ready = hook.hooks.ready
+        """Whether the request goes on now with what its hooks have ready (`Hooks.ready`), or as it
+        came when its method has hooks only after the call (`as_is`): then it is what `hook.out`
+        sends (the caller sends it)."""
+        hooks = hook.hooks
+        ready = hooks.ready
         if ready is None:
-            return False
+            if self.as_is is None or not self.as_is(hooks):
+                return False
+            # nothing to do before the call (a StartContainer's): no pre hook's turn on its path
+            hook.sending = True
+            st.sent_at = st.began
+            hook.request = message  # decoded for the hooks after the call (`HookRunner.post`)
+            return True
         try:
             r = ready(message, hook.info)
         except Exception as exc:  # a hook's bug: the pre hook's path, where the runner judges it

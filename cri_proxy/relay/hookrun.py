@@ -60,6 +60,12 @@ class HookRunner:
             return hooks.fail_policy
         return self.fail_policy()
 
+    def as_is(self, hooks: Hooks) -> bool:
+        """Whether a request whose method has hooks only after the call goes on as it came, not
+        decoded on its path but when the call ended, for them (`_sent`): unless the fail policy
+        refuses a request that does not decode before it goes, as `pre` does."""
+        return hooks.pre is None and hooks.ready is None and self._policy(hooks) is not FailPolicy.FAIL
+
     def unreadable(self, info: MethodInfo, why: str, hooks: Hooks | None = None) -> PreOutcome:
         """A request the relay cannot unpack (not one message, unknown compression)."""
         logger.warning("{}: {}; forwarded without hooks", info.path, why)
@@ -123,16 +129,17 @@ class HookRunner:
         self._count(info, "pre", "ready", began)
         return message
 
-    @staticmethod
-    def _sent(info: MethodInfo, request: Message | bytes) -> Message | None:
-        """The request as forwarded, for the hooks after its call: decoded now when it is a ready
-        request's bytes (its call ended before `readied` decoded it); None when those do not
-        decode (counted then)."""
+    def _sent(self, info: MethodInfo, request: Message | bytes) -> Message | None:
+        """The request as forwarded, for the hooks after its call: decoded now when it went as it
+        came (`as_is`), or is a ready request's bytes that `readied` has not decoded; None when
+        those do not decode (counted and logged, as on the pre hook's path)."""
         if not isinstance(request, bytes):
             return request
+        began = perf_counter()
         try:
             return info.request_type.FromString(request)
-        except DecodeError:
+        except DecodeError as exc:
+            self._undecodable(info, exc, began)
             return None
 
     async def post(self, info: MethodInfo, hooks: Hooks, request: Message | bytes, raw: bytes) -> None:

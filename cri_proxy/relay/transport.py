@@ -101,6 +101,7 @@ class FrameRelay:
             decode_client=True,
             decode_runtime=observe is not None or self.watch_responses(),
             runtime_name=self.endpoint,
+            as_is=self.runner.as_is,
         )
 
     def _measured(self, path: str, code: int, total: float, upstream: float) -> None:

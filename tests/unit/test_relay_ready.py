@@ -24,6 +24,7 @@ from cri_proxy.relay.hooks import FailPolicy, Hooks, Ready
 from cri_proxy.relay.methods import KNOWN
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
+START = "/runtime.v1.RuntimeService/StartContainer"
 PATCH = v1.CreateContainerRequest(
     config=v1.ContainerConfig(
         linux=v1.LinuxContainerConfig(resources=v1.LinuxContainerResources(cpuset_cpus="2-3"))
@@ -39,25 +40,38 @@ async def _post(request, response, info):  # type: ignore[no-untyped-def]
     return None
 
 
+async def _failed(request, code, info):  # type: ignore[no-untyped-def]
+    return None
+
+
 def _framed(body: bytes) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
 def _call(
-    ready_for: bool | None, trailers: bool = False, decoded: str = "", core_out: list[LinkCore] | None = None
+    ready_for: bool | None,
+    trailers: bool = False,
+    decoded: str = "",
+    core_out: list[LinkCore] | None = None,
+    start_as_is: bool | None = None,
 ) -> tuple[list[h2.events.Event], list[object], bytes]:
     """One create through a core between two h2 peers: (the runtime's events, the core's events,
     the request the client sent). `decoded`: what the adapter hands back for a ready request
     before the answer comes (`request_decoded`): "" nothing, "message" the request decoded,
-    "none" that it did not decode."""
+    "none" that it did not decode. `start_as_is` not None: a StartContainer instead, hooked only
+    after the call, and what the core's `as_is` answers for it."""
 
     def ready(message: bytes, info: object) -> Ready | None:
         if ready_for is None:
             raise RuntimeError("a bug in the ready hook")
         return Ready(PATCH, lambda sent: None) if ready_for else None
 
+    path = CREATE if start_as_is is None else START
+    hooks = Hooks(pre=_pre, post=_post, ready=ready) if start_as_is is None else Hooks(post=_post)
     core = LinkCore(
-        lambda path: Hooks(pre=_pre, post=_post, ready=ready) if path == CREATE else None, Limits()
+        lambda asked: hooks if asked == path else None,
+        Limits(),
+        as_is=None if start_as_is is None else lambda hooks: start_as_is,
     )
     if core_out is not None:
         core_out.append(core)
@@ -77,7 +91,9 @@ def _call(
             linux=v1.LinuxContainerConfig(resources=v1.LinuxContainerResources(cpuset_cpus="0-7")),
         ),
     ).SerializeToString()
-    client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", CREATE), (":authority", "x")])
+    if start_as_is is not None:
+        request = v1.StartContainerRequest(container_id="c1").SerializeToString()
+    client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x")])
     client.send_data(1, _framed(request), end_stream=not trailers)
     if trailers:
         client.send_headers(1, [("x-t", "1")], end_stream=True)
@@ -90,7 +106,8 @@ def _call(
     got = server.receive_data(b"".join(core.take_runtime()))
     # the runtime answers; the core then asks for the hooks after the call
     server.send_headers(1, [(":status", "200"), ("content-type", "application/grpc")])
-    server.send_data(1, _framed(v1.CreateContainerResponse(container_id="c1").SerializeToString()))
+    answer = v1.CreateContainerResponse(container_id="c1") if path == CREATE else v1.StartContainerResponse()
+    server.send_data(1, _framed(answer.SerializeToString()))
     server.send_headers(1, [("grpc-status", "0")], end_stream=True)
     core.receive_from_runtime(server.data_to_send())
     core.take_client()
@@ -144,6 +161,51 @@ def test_a_request_with_trailers_takes_the_pre_hook() -> None:
     assert not [e for e in events if isinstance(e, Readied)]
 
 
+def test_a_request_hooked_only_after_its_call_goes_on_as_it_came_and_is_decoded_after_it() -> None:
+    got, events, request = _call(ready_for=None, start_as_is=True)
+    assert not [e for e in events if isinstance(e, RunPre | Readied)]  # no turn of a hook on its path
+    body = b"".join(e.data for e in got if isinstance(e, h2.events.DataReceived))
+    assert body == _framed(request)  # from the client's read, as it came
+    assert any(isinstance(e, h2.events.StreamEnded) for e in got)
+    (post,) = [e for e in events if isinstance(e, RunPost)]
+    assert post.request == request  # bytes: the runner decodes them for the hook (`_sent`)
+
+
+def test_a_request_hooked_only_after_its_call_waits_for_the_runner_when_as_is_says_no() -> None:
+    """As under the `fail` policy (`HookRunner.as_is`): decoded on its path, refused if it does not."""
+    got, events, _ = _call(ready_for=None, start_as_is=False)
+    assert [e for e in events if isinstance(e, RunPre)]
+    assert not any(isinstance(e, h2.events.DataReceived) for e in got)
+
+
+def test_the_runner_sends_as_is_only_what_has_hooks_after_the_call_alone_and_may_go_undecoded() -> None:
+    ignore, fail = HookRunner(lambda: FailPolicy.IGNORE), HookRunner(lambda: FailPolicy.FAIL)
+    ready: Any = lambda message, info: None  # noqa: E731
+    assert ignore.as_is(Hooks(post=_post)) and ignore.as_is(Hooks(failed=_failed))
+    assert not ignore.as_is(Hooks(pre=_pre, post=_post)) and not ignore.as_is(Hooks(post=_post, ready=ready))
+    assert not fail.as_is(Hooks(post=_post))  # a request that does not decode is refused first
+    assert fail.as_is(Hooks(post=_post, fail_policy=FailPolicy.IGNORE))  # the method's own policy
+    assert not ignore.as_is(Hooks(post=_post, fail_policy=FailPolicy.FAIL))
+
+
+def test_the_hooks_after_the_call_get_a_request_that_went_as_it_came_decoded(lines: list[str]) -> None:
+    runner, seen = _runner(), []
+
+    async def post(request: Any, response: Any, info: Any) -> None:
+        seen.append(request)
+
+    info = KNOWN[START]
+    raw = v1.StartContainerRequest(container_id="c1").SerializeToString()
+    asyncio.run(runner.post(info, Hooks(post=post), raw, b""))
+    assert seen == [v1.StartContainerRequest(container_id="c1")]
+    asyncio.run(runner.post(info, Hooks(post=post), b"\x0a\x02\xff\xfe", b""))  # an id not UTF-8
+    assert len(seen) == 1 and runner.runs == {
+        ("StartContainer", "post", "ok"): 1,
+        ("StartContainer", "pre", "undecodable"): 1,
+    }
+    assert any("StartContainer" in line and "does not decode" in line for line in lines), lines
+
+
 # -- after the write: the hook runner decodes what went on ---------------------------------------
 INFO = KNOWN[CREATE]
 SENT = v1.CreateContainerRequest(
@@ -194,7 +256,9 @@ def test_a_ready_request_that_does_not_decode_is_counted_logged_and_seen_by_no_h
     asyncio.run(runner.post(INFO, hooks, UNDECODABLE, response))
     asyncio.run(runner.failed(INFO, hooks, UNDECODABLE, grpc.StatusCode.INTERNAL.value[0]))
     assert seen == []
-    assert runner.runs == {("CreateContainer", "pre", "undecodable"): 1}
+    # each decode that fails is counted: `readied`'s, and the hooks' after the call of bytes that
+    # went as they came (`HookRunner.as_is`; in the relay a call gets one of the three)
+    assert runner.runs == {("CreateContainer", "pre", "undecodable"): 3}
     assert any("does not decode" in line and "forwarded without hooks" in line for line in lines), lines
     # and the hooks after the call decode a ready request that does
     asyncio.run(runner.post(INFO, hooks, SENT + PATCH, response))
