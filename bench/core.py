@@ -24,8 +24,9 @@ ready hook that appends a cpuset (`Hooks.ready`, as `EnforceHooks.ready_create` 
 create's path without the enforcement's own work). `--cold MB` writes that much memory before each
 call, as the runtime and the client do between two calls on a node, and times each read on its
 own: the wall µs from a create's read to its request queued for the runtime, and from the answer's
-read to it queued for the client (the median of the runs' medians; for each checkout with
---against).
+read to it queued for the client, and then the answer's reading after its write (`read_answers`:
+its frames followed, its header blocks decoded, the hook after the call asked for), right after
+(the median of the runs' medians; for each checkout with --against).
 """
 
 from __future__ import annotations
@@ -174,15 +175,18 @@ def run(core: LinkCore, calls: list[Call]) -> float:
     return time.process_time() - began
 
 
-def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, float]:
-    """Median wall µs of each call's request read and answer read, `megabytes` of memory written
-    before each (the core's code and data out of the CPU's caches, as between two calls on a node)."""
+def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, float, float]:
+    """Median wall µs of each call's request read, answer read and the answer's reading after its
+    write (`read_answers`: its frames followed, its header blocks decoded, the hook after it asked
+    for), `megabytes` of memory written before each of the first two (the core's code and data out
+    of the CPU's caches, as between two calls on a node; the third follows the second at once)."""
     junk = bytearray(megabytes << 20)
     lines = len(range(0, len(junk), 64))
     ones, twos = b"\1" * lines, b"\2" * lines  # a byte in every cache line of `junk`
     clock = time.perf_counter
     requests: list[float] = []
     answers: list[float] = []
+    after: list[float] = []
     now = 1.0
     for request, response in calls:
         junk[::64] = ones
@@ -200,20 +204,23 @@ def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, 
         core.receive_from_runtime(response[at:], now + 0.0004, answers_later=True)
         core.take_client()
         answers.append(clock() - began)
+        began = clock()
         core.read_answers()
         core.take_events()
-    return statistics.median(requests) * 1e6, statistics.median(answers) * 1e6
+        after.append(clock() - began)
+    return tuple(statistics.median(x) * 1e6 for x in (requests, answers, after))  # type: ignore[return-value]
 
 
 def measure(args: argparse.Namespace) -> list[float]:
     """CPU µs per call of each of `--repeat` runs, each on a fresh core; with --cold, the request
-    read's wall µs (median of the run) and then the answer read's, for each run."""
+    read's wall µs (median of the run), the answer read's and the answer's reading after its write,
+    for each run."""
     opening, calls = conversation(args.calls, args.vary_timeout, args.create)
     if args.cold:
         runs = (
             run_cold(new_core(opening, not args.no_observer), calls, args.cold) for _ in range(args.repeat)
         )
-        return [x for pair in runs for x in pair]  # request, answer, request, answer, ...
+        return [x for three in runs for x in three]  # request, answer, after, request, ...
     return [
         run(new_core(opening, not args.no_observer), calls) / len(calls) * 1e6 for _ in range(args.repeat)
     ]
@@ -230,11 +237,11 @@ def measure_in(root: Path, args: argparse.Namespace) -> list[float]:
 
 
 def summary(figures: list[float], cold: bool) -> str:
-    """Runs' figures as printed: with --cold the request's and the answer's wall µs, else CPU µs
-    per call."""
+    """Runs' figures as printed: with --cold the request's, the answer's and the answer's after
+    its write (`read_answers`) wall µs, else CPU µs per call."""
     if cold:
-        request, answer = statistics.median(figures[0::2]), statistics.median(figures[1::2])
-        return f"request {request:.1f} µs, answer {answer:.1f} µs"
+        request, answer, after = (statistics.median(figures[i::3]) for i in range(3))
+        return f"request {request:.1f} µs, answer {answer:.1f} µs, after its write {after:.1f} µs"
     return f"best {min(figures):.1f} µs, median {statistics.median(figures):.1f} µs"
 
 
@@ -276,7 +283,7 @@ def main() -> None:
         f" {'with' if not args.no_observer else 'no'} observer"
     )
     what = "hooked CreateContainer (ready)" if args.create else "Version"
-    line = f"link core, {args.calls} {what} calls x{len(here) // 2 if args.cold else len(here)} ({shape})"
+    line = f"link core, {args.calls} {what} calls x{len(here) // 3 if args.cold else len(here)} ({shape})"
     if args.cold:
         line += f", {args.cold} MB written before each read (wall, median of the runs' medians): "
     else:

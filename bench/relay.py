@@ -185,7 +185,8 @@ def hooked_create(
     All in one pod that grows to `n` containers per path, or (`pod_each`) each in a pod of its own,
     made first on the same path and not timed: the kubelet's usual shape, a pod of a few containers.
     `started`: one new pod whose containers are each started on their path after the create (not
-    timed), as a kubelet starts a pod's container before it creates the next. Returns the pods
+    in the create's time; the starts' added p50 is printed apart), as a kubelet starts a pod's
+    container before it creates the next. Returns the pods
     made, each with its path, for `remove_pods`. `metrics` None: `proxy` is `bench/pipe.py`, which
     sets no cpuset, so its requests carry one, as direct ones do."""
     from kube import container_config, pod_sandbox_config
@@ -210,6 +211,7 @@ def hooked_create(
     }
     d: list[float] = []
     p: list[float] = []
+    starts: dict[str, list[float]] = {"d": [], "p": []}  # `started`: each start's seconds, by path
     # what the proxy injects into a BE container here (the BE pool: every online CPU, none reserved),
     # sent direct too: the runtime then does the same work on both paths (it sets a cpuset), and the
     # proxy finds nothing to re-pin when it adopts the direct ones
@@ -232,7 +234,10 @@ def hooked_create(
             out.append(time.perf_counter() - t0)
             if started:
                 cid = pb.CreateContainerResponse.FromString(reply).container_id
-                start[name](pb.StartContainerRequest(container_id=cid).SerializeToString(), timeout=60)
+                body = pb.StartContainerRequest(container_id=cid).SerializeToString()
+                t0 = time.perf_counter()
+                start[name](body, timeout=60)
+                starts[name].append(time.perf_counter() - t0)
     cpu = (proxy_cpu() - cpu0) / n
     time.sleep(0.5)  # the last post hook
     after = hook_counters(metrics) if metrics else {}
@@ -261,6 +266,10 @@ def hooked_create(
     cold = percentile(p[0::2], 0.5) - percentile(d[1::2], 0.5)
     shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
     paired = statistics.median(b - a for a, b in zip(d, p, strict=True))
+    start_line = ""
+    if started:  # the starts, timed apart from the creates (hooked after the call only)
+        sd, sp = percentile(starts["d"], 0.5), percentile(starts["p"], 0.5)
+        start_line = f" | StartContainer direct p50 {sd * 1e3:.3f} ms, added p50 {(sp - sd) * 1e3:.3f} ms"
     figures = (
         f" | added p50 {(pp - dp) * 1e3:.3f} ms ({interval}per block of {size}: "
         f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
@@ -269,7 +278,7 @@ def hooked_create(
     if metrics is None:  # the byte pipe: the floor of any relay here, with none of the proxy's work
         print(
             f"CreateContainer (byte pipe; {shape}; both with cpuset {cpus}) x{n}"
-            f" direct p50 {dp * 1e3:.3f} ms | pipe p50 {pp * 1e3:.3f} ms{figures}",
+            f" direct p50 {dp * 1e3:.3f} ms | pipe p50 {pp * 1e3:.3f} ms{figures}{start_line}",
             flush=True,
         )
         return made
@@ -282,7 +291,8 @@ def hooked_create(
         f" | hook mean pre {hook['pre'] * 1e3:.3f} ms ({ready:.0%} of creates ready: after the write),"
         f" post {hook['post'] * 1e3:.3f} ms (after the answer)"
         f" | relay = added - pre on the path {(pp - dp - hook['pre'] * (1 - ready)) * 1e3:.3f} ms"
-        f" | proxy CPU {cpu * 1e3:.3f} ms a create{' (with its RunPodSandbox)' if pod_each else ''}",
+        f" | proxy CPU {cpu * 1e3:.3f} ms a create{' (with its RunPodSandbox)' if pod_each else ''}"
+        f"{' (with its start)' if started else ''}{start_line}",
         flush=True,
     )
     return made
