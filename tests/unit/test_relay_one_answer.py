@@ -23,6 +23,7 @@ from cri_proxy.relay.hooks import Hooks, Ready
 from cri_proxy.relay.methods import MethodInfo
 from tests.h2raw import request_headers
 from tests.unit import reads as reads_
+from tests.unit.one_pass import OnePass
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -65,18 +66,7 @@ class Side:
             Limits(message=LIMIT),
             observer=lambda path, code, total, upstream: self.measured.append((path, code)),
         )
-        self.taken = 0  # reads the one pass took
-        if not one_pass:
-            self.core._one_answer = lambda *_: False  # type: ignore[method-assign]
-        else:
-            real = self.core._one_answer
-
-            def counted(*args: Any) -> bool:
-                took = real(*args)
-                self.taken += took
-                return took
-
-            self.core._one_answer = counted  # type: ignore[method-assign]
+        self.one_pass = OnePass(self.core, "_one_answer", one_pass)
         self.to_client = bytearray()
         self.to_runtime = bytearray()
         self.events: list[tuple[object, ...]] = []
@@ -247,7 +237,7 @@ def test_an_answer_read_in_one_pass_leaves_all_as_the_general_way(
         side.core.read_answers()
         side.take()
     assert sides[0].state() == sides[1].state()
-    assert sides[1].taken == 0
+    assert sides[1].one_pass.taken == 0
 
 
 def test_the_usual_answers_are_read_in_one_pass() -> None:
@@ -266,7 +256,7 @@ def test_the_usual_answers_are_read_in_one_pass() -> None:
         side.take()
         core.read_answers()
         side.take()
-    assert side.taken == 3
+    assert side.one_pass.taken == 3
     assert [e[0] for e in side.events] == ["ready", "post", "ready", "post"]
     assert side.events[1] == ("post", 1, b"q", b"r" * 10)
     assert side.measured == [(CREATE, 0), (VERSION, 0), (CREATE, 0)]

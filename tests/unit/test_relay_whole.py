@@ -24,6 +24,7 @@ from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.hooks import Hooks, Ready
 from cri_proxy.relay.methods import MethodInfo
 from tests.unit import reads as reads_
+from tests.unit.one_pass import OnePass
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -62,18 +63,7 @@ class Side:
             observer=lambda path, code, total, upstream: None,
             decode_client=decode,
         )
-        self.taken = 0  # reads the one pass took
-        if not whole:
-            self.core._whole_request = lambda *_: False  # type: ignore[method-assign]
-        else:
-            one_pass = self.core._whole_request
-
-            def counted(*args: Any) -> bool:
-                took = one_pass(*args)
-                self.taken += took
-                return took
-
-            self.core._whole_request = counted  # type: ignore[method-assign]
+        self.one_pass = OnePass(self.core, "_whole_request", whole)
         self.to_client = bytearray()
         self.to_runtime = bytearray()
         self.events: list[tuple[object, ...]] = []
@@ -386,11 +376,11 @@ def test_the_usual_reads_are_taken_in_one_pass() -> None:
         frames = call_frames(encoder, sid, (path, "plain", "whole", b"r", 20))
         core.receive_from_client(wire.window_update(0, 9) + b"".join(frames) + wire.window_update(0, 9), 1.0)
         side.take()
-    assert side.taken == 3
+    assert side.one_pass.taken == 3
     assert [e[0] for e in side.events] == ["ready", "ready"]
     assert core.held == 0 and core.budget.used == 0 and not core.c_split.pending()
     frames = call_frames(encoder, 7, (CREATE, "plain", "whole", b"r", 20))
     core.receive_from_client(frames[0] + frames[1][:5], 1.0)
     core.receive_from_client(frames[1][5:], 1.0)
     side.take()
-    assert side.taken == 3 and side.events[-1][:2] == ("ready", 7)
+    assert side.one_pass.taken == 3 and side.events[-1][:2] == ("ready", 7)
