@@ -186,9 +186,9 @@ def hooked_create(
     made first on the same path and not timed: the kubelet's usual shape, a pod of a few containers.
     `started`: one new pod whose containers are each started on their path after the create (not
     in the create's time; the starts' added p50 is printed apart), as a kubelet starts a pod's
-    container before it creates the next. Returns the pods
-    made, each with its path, for `remove_pods`. `metrics` None: `proxy` is `bench/pipe.py`, which
-    sets no cpuset, so its requests carry one, as direct ones do."""
+    container before it creates the next. Returns the pods made, each with its path, for
+    `remove_pods`. `metrics` None: `proxy` is `bench/pipe.py`, which sets no cpuset, so its
+    requests carry one, as direct ones do."""
     from kube import container_config, pod_sandbox_config
 
     path = "/runtime.v1.RuntimeService/CreateContainer"

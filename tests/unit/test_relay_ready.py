@@ -1,6 +1,7 @@
 """A hooked request whose hooks have their answer ready (`Hooks.ready`) goes on from the core's
 own read: after its HEADERS, with the patch appended, no pre hook asked for; the hooks after the
-call get the request as sent."""
+call get the request as sent. So does, as it came, one whose method is hooked only after its call
+(`HookRunner.as_is`: not under the `fail` policy)."""
 
 from __future__ import annotations
 
