@@ -3,9 +3,10 @@
 rest of `read_answers`) does: the same bytes each way, the same calls measured, the same hooks
 asked for, the same state and the same decoder table. Two cores are fed the same random
 conversation (hooked and unhooked calls; answers usual, trailers only, with two DATA or none,
-padded, continued, to a stream that is gone, whose header block does not decode, over the message
-limit, two in one read, cut anywhere; the client's next call coming between; answers read right
-after their write or at the next call into the core), one of them never taking the one pass, and
+padded, continued, with a DATA that ends the stream or another stream's trailers, whose header
+block does not decode, over the message limit, two in one read, cut anywhere; to calls reset,
+whose pre hook runs, whose trailers wait for it or are decoded in steps; answers read right after
+their write or at the next call into the core), one of them never taking the one pass, and
 compared after each step. The `@example`s are the cases each guard of the one pass is for."""
 
 from __future__ import annotations
