@@ -243,7 +243,7 @@ class Policy:
             return None
         pods = state.pod_infos()
         info = state.ready_info(pod.sandbox_id)
-        if info is None or self._text_troubled(pod):
+        if info is None or self._text_troubled(pod) or self._exclusive_kin(pod, cached[3]):
             return None
         if state.is_api_sourced(pod.key):  # the plan says where the API's values came from
             return None
@@ -318,13 +318,20 @@ class Policy:
         """Whether this sandbox or another of the same pod has labels not readable as text."""
         return self.state.key_troubled(pod.key)
 
+    @staticmethod
+    def _exclusive_kin(pod: PodRecord, plan: Plan) -> bool:
+        """Whether `plan` has exclusive containers under the pod's key (another sandbox of the
+        same pod): their overlaps are the pod's problems too, which only the plan reports. When
+        the plan may be folded on from, the pods changed since it have none (`_folded`)."""
+        return any(plan.containers[cid].pod == pod.key for cid in plan.exclusive or ())
+
     def _one(self, pod: PodRecord, container_id: str) -> ContainerDecision | None:
         """`decide_one` when the last plan is not current but may be folded on from, and nothing
         but the rules decides the container (no pin, no API explanation, no problem of its pod's)."""
         cached = self._cached
         if cached is None or cached[0] == self.state.generation:
             return None  # no plan to fold on from, or the plan is current: read it
-        if not self._same_facts(cached) or self._text_troubled(pod):
+        if not self._same_facts(cached) or self._text_troubled(pod) or self._exclusive_kin(pod, cached[3]):
             return None
         generation = self.state.generation
         if self._one_asked[:2] == (generation, container_id):  # the post hook asks what the pre hook did

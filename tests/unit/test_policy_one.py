@@ -24,7 +24,7 @@ CGROUPS = ["/kubepods/pod{u}", "/kubepods/burstable/pod{u}", "/kubepods/besteffo
 KINDS = ["plain"] * 3 + ["LS", "BE", "LSE", "LSR", "LSE-bare", "bad-annotation", "bad-text", "numa"]
 
 
-def pod_record(sid: str, kind: str, cgroup: str) -> PodRecord:
+def pod_record(sid: str, kind: str, cgroup: str, name: str | None = None) -> PodRecord:
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     if kind in ("LS", "BE", "LSE", "LSR", "LSE-bare"):
@@ -36,8 +36,9 @@ def pod_record(sid: str, kind: str, cgroup: str) -> PodRecord:
     elif kind == "numa":
         annotations[RESOURCE_STATUS_ANNOTATION] = json.dumps({"numaNode": [1]})
     problems = ("label not UTF-8",) if kind == "bad-text" else ()
-    uid = f"uid-{sid}"
-    return PodRecord(sid, uid, sid, "ns", cgroup.format(u=uid), labels, annotations, problems=problems)
+    name = name or sid
+    uid = f"uid-{name}"
+    return PodRecord(sid, uid, name, "ns", cgroup.format(u=uid), labels, annotations, problems=problems)
 
 
 class OneContainer(RuleBasedStateMachine):
@@ -53,23 +54,32 @@ class OneContainer(RuleBasedStateMachine):
         return data.draw(st.sampled_from(sorted(self.state.containers(), key=lambda c: c.id)))
 
     @rule(kind=st.sampled_from(KINDS), cgroup=st.sampled_from(CGROUPS))
-    def new_pod(self, kind: str, cgroup: str) -> None:
+    def new_pod(self, kind: str, cgroup: str, name: str | None = None) -> None:
         self.n += 1
         sid = f"s{self.n}"
         self.pods.append(sid)
-        self.state.put_pod(pod_record(sid, kind, cgroup))
+        self.state.put_pod(pod_record(sid, kind, cgroup, name))
 
     @rule(kind=st.sampled_from(KINDS), cgroup=st.sampled_from(CGROUPS))
-    def run_pod(self, kind: str, cgroup: str) -> None:
+    def run_pod(self, kind: str, cgroup: str, name: str | None = None) -> None:
         """A new pod as the RunPodSandbox post hook records it: one that may move no pool has its
         first create read ahead without a plan (`Policy.read_ahead`), else a plan reads it."""
-        self.new_pod(kind, cgroup)
+        self.new_pod(kind, cgroup, name)
         sid = self.pods[-1]
         pod = self.state.pod(sid)
         assert pod is not None
         neutral = not may_move_pools(pod.labels, pod.annotations) and not self.state.has_api_view(pod.uid)
         if not (neutral and self.policy.read_ahead(sid)):
             self.plan_and_prepare_now([sid])
+
+    @precondition(lambda self: self.pods)
+    @rule(data=st.data(), kind=st.sampled_from(KINDS), cgroup=st.sampled_from(CGROUPS))
+    def run_pod_again(self, data: st.DataObject, kind: str, cgroup: str) -> None:
+        """`run_pod` for a new sandbox of a pod that has one (its first died, or is still there):
+        the same namespace and name, the kind drawn again."""
+        sid = data.draw(st.sampled_from(self.pods))
+        pod = self.state.pod(sid)
+        self.run_pod(kind, cgroup, pod.name if pod is not None else sid)
 
     @precondition(lambda self: self.pods)
     @rule(data=st.data(), newest=st.booleans())
@@ -477,3 +487,21 @@ def test_new_pods_read_ahead_without_a_plan_the_newest_few() -> None:
         pod = m.state.pod(sid)
         assert pod is not None and m.policy.before_create(pod, f"pending/{sid}/x/0") is not None
     m.hooked_create_in(newest[0], "x")  # checked against a fresh plan
+
+
+def test_another_sandbox_of_an_exclusive_pod_has_its_overlaps() -> None:
+    """A second sandbox of a pod with an exclusive container (the first still there, its labels
+    since changed): a create in it is told the pod's overlaps, as the whole plan tells them, both
+    when its decision was read ahead and when it is folded from the last plan (`decide_one`)."""
+    for read_ahead in (True, False):
+        m = OneContainer()
+        m.run_pod("LSE", CGROUPS[0])
+        first = m.pods[-1]
+        m.state.put_container(ContainerRecord(f"pending/{first}/c/0", first, "c"))
+        m.run_pod("plain", CGROUPS[0], name=first)
+        second = m.pods[-1]
+        m.kubelet_create_in(second)
+        m.state.observe_container(f"ctr{m.n}", "0-7", "cgroup", 1.0)  # on the exclusive CPUs
+        if read_ahead:
+            m.plan_and_prepare_now([second])
+        m.kubelet_create_in(second)  # checked against a fresh plan: the overlap is the pod's problem
