@@ -180,8 +180,30 @@ class Policy:
         pods changed since (`decide_added`), which holds when they move no pool. True when the
         pod's was read; else the plan is the caller's to make."""
         before = [sid for sid in self._prepared[3] if sid != sandbox_id]  # the newest first
-        self.prepare([sandbox_id, *before[: READ_AHEAD_KEPT - 1]])
+        before = before[: READ_AHEAD_KEPT - 1]
+        if not self._read_new(sandbox_id, before):
+            self.prepare([sandbox_id, *before])
         return sandbox_id in self._prepared[3]
+
+    def _read_new(self, sandbox_id: str, before: list[str]) -> bool:
+        """`read_ahead` reading the new pod alone and carrying the others over it, when the pod
+        going in is the one change since they were read and no sandbox of their pods: its own
+        read folded over it (`decide_added`), so the pools are as they were, and they would read
+        what they read. False when that is not sure (the caller reads them all again)."""
+        generation, facts, settings, ready = self._prepared
+        state = self.state
+        pod = state.pod(sandbox_id)
+        if pod is None or state.rules_generation != generation + 1 or not self._same_facts(self._prepared):
+            return False
+        others = [state.pod(sid) for sid in before]
+        if any(p is None or p.key == pod.key for p in others) or self.ids_matter():
+            return False
+        early = self._before_create(pod, "")
+        if early is None or any(ready[sid].plan is not early.plan for sid in before):
+            return False
+        carried = {sid: Early(early.plan, early.at, ready[sid].decision) for sid in before}
+        self._prepared = (generation + 1, facts, settings, {sandbox_id: early, **carried})
+        return True
 
     def renamed(self, old_id: str) -> bool:
         """A pending container that took a decision read ahead (`prepare`) got its runtime id, and

@@ -63,7 +63,9 @@ class OneContainer(RuleBasedStateMachine):
     @rule(kind=st.sampled_from(KINDS), cgroup=st.sampled_from(CGROUPS))
     def run_pod(self, kind: str, cgroup: str, name: str | None = None) -> None:
         """A new pod as the RunPodSandbox post hook records it: one that may move no pool has its
-        first create read ahead without a plan (`Policy.read_ahead`), else a plan reads it."""
+        first create read ahead without a plan (`Policy.read_ahead`), else a plan reads it. What
+        the read ahead keeps (the new pod read, the others carried over it) is what reading them
+        all again gives."""
         self.new_pod(kind, cgroup, name)
         sid = self.pods[-1]
         pod = self.state.pod(sid)
@@ -71,6 +73,12 @@ class OneContainer(RuleBasedStateMachine):
         neutral = not may_move_pools(pod.labels, pod.annotations) and not self.state.has_api_view(pod.uid)
         if not (neutral and self.policy.read_ahead(sid)):
             self.plan_and_prepare_now([sid])
+            return
+        kept = self.policy._prepared
+        self.policy.prepare(list(kept[3]))
+        again = self.policy._prepared[3]
+        assert {k: e.decision for k, e in again.items()} == {k: e.decision for k, e in kept[3].items()}
+        self.policy._prepared = kept
 
     @precondition(lambda self: self.pods)
     @rule(data=st.data(), kind=st.sampled_from(KINDS), cgroup=st.sampled_from(CGROUPS))
@@ -474,12 +482,19 @@ def test_what_was_read_ahead_is_carried_over_a_start_and_a_reading_only() -> Non
 def test_new_pods_read_ahead_without_a_plan_the_newest_few() -> None:
     """Plain pods coming one after another (a kubelet starting a deployment's replicas), each
     read ahead without a plan: the newest READ_AHEAD_KEPT pods' next creates read what a fresh
-    plan decides, and no more pods are kept read ahead than that."""
+    plan decides, and no more pods are kept read ahead than that. Each new pod is read alone, the
+    others carried over it, and a create in the oldest kept takes what was carried."""
     m = OneContainer()
     m.plan()
     before = m.policy._cached
+    reads: list[str] = []
+    read = m.policy._before_create
+    m.policy._before_create = lambda pod, cid: reads.append(pod.sandbox_id) or read(pod, cid)  # type: ignore[method-assign]
     for _ in range(READ_AHEAD_KEPT + 2):
         m.run_pod("plain", CGROUPS[2])
+        # the new pod alone, then all again (`run_pod` checks what was carried)
+        assert reads[0] == m.pods[-1] and len(reads) == 1 + len(m.policy._prepared[3])
+        reads.clear()
     assert m.policy._cached is before  # no plan was made
     newest = m.pods[-READ_AHEAD_KEPT:]
     assert list(m.policy._prepared[3]) == newest[::-1]  # the newest first
@@ -487,6 +502,8 @@ def test_new_pods_read_ahead_without_a_plan_the_newest_few() -> None:
         pod = m.state.pod(sid)
         assert pod is not None and m.policy.before_create(pod, f"pending/{sid}/x/0") is not None
     m.hooked_create_in(newest[0], "x")  # checked against a fresh plan
+    m.state.rename_container(f"pending/{newest[0]}/x/0", "ctr-x")
+    assert m.policy.renamed(f"pending/{newest[0]}/x/0")  # it took what was read ahead and carried
 
 
 def test_another_sandbox_of_an_exclusive_pod_has_its_overlaps() -> None:
