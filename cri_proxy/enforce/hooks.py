@@ -183,7 +183,9 @@ class EnforceHooks:
         return self.settings().exclusive_wait_seconds
 
     def register(self, table: HookTable) -> None:
-        table.register("RunPodSandbox", post=self.run_pod_sandbox)
+        # the two calls the runtime takes longest over, whose hooks' work (a new pod read ahead,
+        # a start checked) is done before their answers: the kubelet's next call never meets it
+        table.register("RunPodSandbox", post=self.run_pod_sandbox, post_first=True)
         table.register(
             "CreateContainer",
             pre=self.create_container,
@@ -192,7 +194,7 @@ class EnforceHooks:
             ready=self.ready_create,
         )
         table.register("UpdateContainerResources", pre=self.update_resources, post=self.resources_updated)
-        table.register("StartContainer", post=self.container_started)
+        table.register("StartContainer", post=self.container_started, post_first=True)
         table.register("StopContainer", post=self.container_stopped)
         table.register("RemoveContainer", post=self.container_removed)
         table.register("StopPodSandbox", post=self.pod_stopped)

@@ -1162,6 +1162,20 @@ class LinkCore:
                 self._answered(st, decoded, now)
         self._after()
 
+    def posts_first(self) -> bool:
+        """Whether a call whose post hook comes before its answer is written (`Hooks.post_first`)
+        ends in what was passed on but not read yet (`unread`, `answers`)."""
+        if self.unread is not None:
+            streams = self.streams
+            for _, _, _, flags, sid in self.unread[1]:
+                st = streams.get(sid) if flags & wire.END_STREAM else None
+                if st is not None and st.hook is not None and st.hook.hooks.post_first:
+                    return True
+        for ended, _, _ in self.answers:
+            if ended is not None and ended.hook is not None and ended.hook.hooks.post_first:
+                return True
+        return False
+
     def _one_answer(self, buf: Buf, frames: list[wire.Frame], now: float) -> bool:
         """The usual read of the runtime's, passed before it was followed (`unread`), read in one
         pass: one open call's whole answer (its HEADERS, one DATA and its trailers, each whole and

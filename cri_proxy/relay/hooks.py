@@ -69,6 +69,10 @@ class Hooks:
     failed: FailedHook | None = None
     fail_policy: FailPolicy | None = None  # this method's own; None: the configured default
     ready: ReadyHook | None = None
+    # the post hook runs before the call's answer is written, not after (frames mode; grpc mode
+    # always does): for a call the runtime takes long over, whose caller's next call would meet
+    # the hook's work; a hook that waits does not hold the answer
+    post_first: bool = False
 
 
 class HookTable:
@@ -87,6 +91,7 @@ class HookTable:
         service: str = "RuntimeService",
         fail_policy: FailPolicy | None = None,
         ready: ReadyHook | None = None,
+        post_first: bool = False,
     ) -> None:
         """Hook `service/name` in every API version this build knows."""
         if service not in SERVICES:
@@ -98,7 +103,7 @@ class HookTable:
             if KNOWN[path].shape is not Shape.UNARY:
                 raise ValueError(f"{service}/{name} is streaming; only unary methods take hooks")
             self._by_path[path] = Hooks(
-                pre=pre, post=post, failed=failed, fail_policy=fail_policy, ready=ready
+                pre=pre, post=post, failed=failed, fail_policy=fail_policy, ready=ready, post_first=post_first
             )
 
     def get(self, path: str) -> Hooks | None:

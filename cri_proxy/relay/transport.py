@@ -331,14 +331,23 @@ class Link(asyncio.Protocol):
                     self._event(event)
                 else:
                     after.append(event)
-        self._write()
-        if core.answers or core.unread:  # the runtime's answers are written: now read them
+        # unless one of them is to run before its answer (`Hooks.post_first`): then they all run,
+        # in their order, before this turn's write
+        first = bool(core.answers or core.unread) and core.posts_first()
+        if after and not first:
+            first = any(isinstance(e, RunPost) and e.hooks.post_first for e in after)
+        if not first:
+            self._write()
+        if core.answers or core.unread:  # the runtime's answers are passed on: now read them
             # (their frames followed, the calls they end measured, hooks asked for)
             core.read_answers()
             after.extend(core.take_events())
-            self._write()
+            if not first:
+                self._write()
         for event in after:
             self._event(event)
+        if first:
+            self._write()
         if core.warnings:
             for text in core.warnings:
                 logger.warning("frame relay: {}", text)

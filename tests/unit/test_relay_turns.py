@@ -2,7 +2,7 @@
 byte-level behaviour is tested against real sockets and containerd elsewhere). A pre hook that ends
 in the turn its request ended in lets the request's HEADERS and DATA leave in one write; a post hook
 runs in the turn the answer came in, after the answer is written (and read: its header blocks are
-decoded after the write), without a task of its own; the
+decoded after the write), without a task of its own (before the write, for a post-first one); the
 proxy's line about a create is written after its answer. One test checks on real sockets, under
 both event loops, that "written" means in the client's socket already (both loops make the write's
 system call at once when nothing waits to be sent)."""
@@ -162,6 +162,78 @@ def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the
     run(main())
 
 
+@pytest.mark.parametrize("reads", ["one", "each", "straddled"])
+def test_a_post_first_hook_runs_before_its_answer_is_written(reads: str) -> None:
+    """`Hooks.post_first` (RunPodSandbox, StartContainer): the post hook runs in the turn its answer
+    came in, before the answer's write: an answer in a read of its own (passed on before its frames
+    are followed) or in one read with another call's (followed first). The hooks after the other
+    calls that end in that read run before it, in their order; in a read that ends no post-first
+    call (`straddled`: the start's HEADERS with the other's whole answer), after their answer as
+    ever. A post-first hook that waits does not hold its answer: it goes on in a task, and the
+    answer is written at once."""
+    log: list[tuple[str, bytes]] = []
+    gate = asyncio.Event()
+
+    async def started(request: Any, response: Any, info: Any) -> None:
+        log.append(("started", request.container_id.encode()))
+        if request.container_id == "wait":
+            await gate.wait()
+            log.append(("waited", b""))
+
+    async def removed(request: Any, response: Any, info: Any) -> None:
+        log.append(("removed", request.container_id.encode()))
+
+    def answer(server: h2.connection.H2Connection, sid: int) -> bytes:
+        server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+        server.send_data(sid, b"\0\0\0\0\0")
+        server.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+        return server.data_to_send()
+
+    async def main() -> None:
+        table = HookTable()
+        table.register("StartContainer", post=started, post_first=True)
+        table.register("RemoveContainer", post=removed)
+        link, client, server = connected(table, log)
+        start = "/runtime.v1.RuntimeService/StartContainer"
+        remove = "/runtime.v1.RuntimeService/RemoveContainer"
+        for cid in ("c1", "wait"):
+            other = send_call(client, pb.RemoveContainerRequest(container_id="r").SerializeToString(), remove)
+            sid = send_call(client, pb.StartContainerRequest(container_id=cid).SerializeToString(), start)
+            link.data_received(client.data_to_send())
+            for who, data in log:
+                if who == "runtime":
+                    server.receive_data(data)
+            log.clear()
+            if reads == "one":
+                link.runtime_data(answer(server, other) + answer(server, sid))
+                assert [who for who, _ in log] == ["removed", "started", "client"]
+            elif reads == "each":
+                link.runtime_data(answer(server, other))
+                link.runtime_data(answer(server, sid))
+                assert [who for who, _ in log] == ["client", "removed", "started", "client"]
+            else:
+                server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+                link.runtime_data(server.data_to_send() + answer(server, other))
+                server.send_data(sid, b"\0\0\0\0\0")
+                server.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+                link.runtime_data(server.data_to_send())
+                assert [who for who, _ in log] == ["client", "removed", "started", "client"]
+            if cid == "wait":  # it waits, in a task; its answer went
+                assert link.tasks
+                gate.set()
+                for _ in range(100):
+                    if not link.tasks:
+                        break
+                    await asyncio.sleep(0)
+                assert ("waited", b"") in log
+            assert not link.tasks
+            events = client.receive_data(b"".join(data for who, data in log if who == "client"))
+            assert {e.stream_id for e in events if isinstance(e, h2.events.StreamEnded)} == {other, sid}
+            log.clear()
+
+    run(main())
+
+
 def test_credit_for_held_requests_comes_in_batches_and_the_client_never_runs_low() -> None:
     """The connection credit owed to the client for hooked requests the relay held is batched (one
     WINDOW_UPDATE per CREDIT_BATCH bytes, not one per call), and the client's window never drops by
@@ -210,12 +282,14 @@ def _loops() -> list[Any]:
     return [*loops, pytest.param(uvloop.new_event_loop, id="uvloop")]
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["post", "post-first"])
 @pytest.mark.parametrize("new_loop", _loops())
 def test_the_answer_reaches_the_client_socket_before_the_post_hook_runs(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
+    new_loop: Callable[[], asyncio.AbstractEventLoop], first: bool
 ) -> None:
     """On real sockets: when the post hook starts, the whole answer is already in the client's
-    socket (a peek finds the stream's end there). Work done after the answer must not delay it."""
+    socket (a peek finds the stream's end there). Work done after the answer must not delay it.
+    Unless the hook is post-first (`Hooks.post_first`): then nothing of the answer is there yet."""
     found: list[bytes] = []
     peer: list[socket.socket] = []
 
@@ -227,7 +301,7 @@ def test_the_answer_reaches_the_client_socket_before_the_post_hook_runs(
 
     async def main() -> None:
         table = HookTable()
-        table.register("Version", post=post)
+        table.register("Version", post=post, post_first=first)
         async with bed(table) as b:
             loop = asyncio.get_running_loop()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -252,7 +326,15 @@ def test_the_answer_reaches_the_client_socket_before_the_post_hook_runs(
                 await asyncio.sleep(0.01)
             assert found, "the post hook never ran"
             events = client.receive_data(found[0])
-            assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == sid for e in events)
+            ended = any(isinstance(e, h2.events.StreamEnded) and e.stream_id == sid for e in events)
+            assert ended is not first
+            if first:  # it comes once the hook has run
+                for _ in range(500):
+                    events = client.receive_data(await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 5))
+                    if any(isinstance(e, h2.events.StreamEnded) and e.stream_id == sid for e in events):
+                        break
+                else:
+                    raise AssertionError("the answer never came")
             sock.close()
 
     loop = new_loop()
@@ -271,27 +353,12 @@ def test_the_line_about_a_create_is_written_with_its_answer(tmp_path: Any) -> No
     from loguru import logger
 
     from cri_proxy.enforce.hooks import pod_record
-    from cri_proxy.serve import Proxy
-    from tests.unit.enforce_support import fake_sysfs
 
     log: list[tuple[str, bytes]] = []
     sink = logger.add(lambda m: log.append(("log", str(m).encode())), level="INFO", format="{message}")
 
-    def answer(server: h2.connection.H2Connection, sid: int, status: str, reply: bytes) -> bytes:
-        server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
-        if reply:
-            server.send_data(sid, b"\0" + len(reply).to_bytes(4, "big") + reply)
-        server.send_headers(sid, [("grpc-status", status)], end_stream=True)
-        return server.data_to_send()
-
     async def main() -> None:
-        config = Config(
-            runtime_endpoint="unix:///nonexistent/runtime.sock",
-            state_dir=str(tmp_path / "state"),
-            kubelet_state_file=str(tmp_path / "cpu_manager_state"),
-            sysfs_root=str(fake_sysfs(tmp_path / "sys", {0: "0-7"})),
-        ).validate()
-        proxy = Proxy(config)
+        proxy = _proxy(tmp_path)
         sandbox = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="web", namespace="d", uid="u1"))
         sandbox.linux.cgroup_parent = "/kubepods/besteffort/podu1"
         proxy.state.put_pod(pod_record("s1", sandbox, "v1"))
@@ -299,7 +366,7 @@ def test_the_line_about_a_create_is_written_with_its_answer(tmp_path: Any) -> No
         created = pb.CreateContainerResponse(container_id="c1" * 20).SerializeToString()
         for name, status, reply, outcome in (
             ("app", "0", created, b"; created c1c1c1c1c1c1c"),
-            ("sidecar", "2", b"", b"; not created: UNKNOWN"),
+            ("sidecar", "2", None, b"; not created: UNKNOWN"),
         ):
             meta = pb.ContainerMetadata(name=name)
             request = pb.CreateContainerRequest(pod_sandbox_id="s1", config=pb.ContainerConfig(metadata=meta))
@@ -311,7 +378,7 @@ def test_the_line_about_a_create_is_written_with_its_answer(tmp_path: Any) -> No
             await asyncio.sleep(0)
             assert [who for who, _ in log] == ["runtime"]  # the request went on; nothing logged yet
             log.clear()
-            link.runtime_data(answer(server, sid, status, reply))
+            link.runtime_data(_reply(server, sid, status, reply))
             await asyncio.sleep(0)
             assert [who for who, _ in log] == ["client"]  # the answer first; the line a moment later
             for _ in range(100):  # within LINES_WAIT (`put_off`): not as the client's next call comes
@@ -327,6 +394,78 @@ def test_the_line_about_a_create_is_written_with_its_answer(tmp_path: Any) -> No
         run(main())
     finally:
         logger.remove(sink)
+
+
+def _proxy(tmp_path: Any) -> Any:
+    """The proxy's own hooks and state, on a fake sysfs (one NUMA node, CPUs 0-7)."""
+    from cri_proxy.serve import Proxy
+    from tests.unit.enforce_support import fake_sysfs
+
+    config = Config(
+        runtime_endpoint="unix:///nonexistent/runtime.sock",
+        state_dir=str(tmp_path / "state"),
+        kubelet_state_file=str(tmp_path / "cpu_manager_state"),
+        sysfs_root=str(fake_sysfs(tmp_path / "sys", {0: "0-7"})),
+    ).validate()
+    return Proxy(config)
+
+
+def _reply(server: h2.connection.H2Connection, sid: int, status: str, reply: bytes | None) -> bytes:
+    """The runtime's answer to call `sid`: message `reply` (None: no message), then `status`."""
+    server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+    if reply is not None:
+        server.send_data(sid, b"\0" + len(reply).to_bytes(4, "big") + reply)
+    server.send_headers(sid, [("grpc-status", status)], end_stream=True)
+    return server.data_to_send()
+
+
+def test_the_proxy_knows_a_new_pod_and_a_start_when_their_answers_are_written(tmp_path: Any) -> None:
+    """The proxy's RunPodSandbox and StartContainer hooks are post-first (`Hooks.post_first`): when
+    the kubelet is told a pod runs, the proxy's state has it already, its first create read ahead;
+    when told a container started, the state says it runs. Its next call never meets that work."""
+    from cri_proxy.state.model import ContainerRecord, ContainerState
+
+    async def main() -> None:
+        log: list[tuple[str, bytes]] = []
+        proxy = _proxy(tmp_path)
+        link, client, server = connected(proxy.table, log)
+        seen: list[tuple[bool, bool, bool]] = []  # at each write to the client
+        write = link.client.writelines  # type: ignore[union-attr]
+
+        def writelines(chunks: Any) -> None:
+            pod, c = proxy.state.pod("s2"), proxy.state.container("c2")
+            ahead = pod is not None and proxy.policy.before_create(pod, None) is not None
+            seen.append((pod is not None, ahead, c is not None and c.state is ContainerState.RUNNING))
+            write(chunks)
+
+        link.client.writelines = writelines  # type: ignore[union-attr,method-assign]
+        proxy.policy.plan()  # as a proxy that has been running has one: a new pod is read ahead from it
+        sandbox = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="web", namespace="d", uid="u2"))
+        sandbox.linux.cgroup_parent = "/kubepods/besteffort/podu2"
+        calls = (
+            (
+                "RunPodSandbox",
+                pb.RunPodSandboxRequest(config=sandbox),
+                pb.RunPodSandboxResponse(pod_sandbox_id="s2"),
+            ),
+            ("StartContainer", pb.StartContainerRequest(container_id="c2"), pb.StartContainerResponse()),
+        )
+        for method, request, response in calls:
+            sid = send_call(client, request.SerializeToString(), f"/runtime.v1.RuntimeService/{method}")
+            link.data_received(client.data_to_send())
+            for data in (data for who, data in log if who == "runtime"):
+                server.receive_data(data)
+            log.clear()
+            seen.clear()
+            link.runtime_data(_reply(server, sid, "0", response.SerializeToString()))
+            if method == "RunPodSandbox":
+                assert seen == [(True, True, False)]
+                proxy.state.put_container(ContainerRecord("c2", "s2", "app"))  # as its create leaves it
+                proxy.policy.prepare(["s2"])  # and its post hook, reading the pod's next create ahead
+            else:  # carried over the start
+                assert seen == [(True, True, True)]
+
+    run(main())
 
 
 def _ready_table(log: list[tuple[str, bytes]]) -> HookTable:
