@@ -161,7 +161,8 @@ class EnforceHooks:
         self._learned: set[str] = set()
         self._planning: asyncio.Handle | None = None  # the plan to make after this loop turn
         self._planning_now = False  # that plan is due in the next turn, not after PLAN_LATER
-        self._next_creates: set[str] = set()  # pods whose next create's decision the plan reads ahead
+        # pods whose next create's decision the plan reads ahead, the newest last
+        self._next_creates: dict[str, None] = {}
         # pending id -> the INFO line about its create, written when the call ends: formatting and
         # writing it while the runtime works would take a CPU the runtime wants (on a small node,
         # ~0.1 ms of each create); at the end it also says what the create became
@@ -208,7 +209,7 @@ class EnforceHooks:
         decision is read ahead too (`Policy.prepare`). `wait`: not before that many seconds (a
         plan due sooner stays so)."""
         if sandbox_id is not None:
-            self._next_creates.add(sandbox_id)
+            self._next_creates[sandbox_id] = None
         if self._planning is not None:
             if wait or self._planning_now:
                 return
@@ -217,16 +218,23 @@ class EnforceHooks:
         self._planning_now = not wait
         self._planning = loop.call_later(wait, self._make_plan) if wait else loop.call_soon(self._make_plan)
 
-    def _plan_due(self) -> bool:
-        """Whether a plan is to be made in the next loop turn (it reads ahead then)."""
-        return self._planning is not None and self._planning_now
+    def _plan_now(self, sandbox_id: str | None = None) -> None:
+        """`_plan_soon`, but now: in the hook of a call the runtime took long over, run before its
+        answer is written (`post_first`), the kubelet is still waiting on that call, not on us. A
+        plan made in a later turn, or when its timer fires (`PLAN_LATER` after a create is about
+        when runc has started the container), would meet the kubelet's next call instead."""
+        if sandbox_id is not None:
+            self._next_creates[sandbox_id] = None
+        if self._planning is not None:
+            self._planning.cancel()
+        self._make_plan()
 
     def _make_plan(self) -> None:
         self._planning = None
-        pods, self._next_creates = self._next_creates, set()
+        pods, self._next_creates = self._next_creates, {}
         try:
             self.policy.plan()
-            self.policy.prepare(pods)
+            self.policy.prepare_after_plan(reversed(pods))
         except Exception as exc:  # no call waits on this one; a create decides as it did before
             logger.opt(exception=exc).error("making the plan after a change failed: {}", exc)
 
@@ -240,9 +248,9 @@ class EnforceHooks:
         # its first create is read ahead from the last plan (`Policy.read_ahead`), without a plan
         if may_move_pools(pod.labels, pod.annotations) or self.state.has_api_view(pod.uid):
             self.reconciler.request()
-        elif not self._plan_due() and self.policy.read_ahead(pod.sandbox_id):
+        elif self._planning is None and self.policy.read_ahead(pod.sandbox_id):
             return
-        self._plan_soon(pod.sandbox_id)  # its containers' creates come next
+        self._plan_now(pod.sandbox_id)  # its containers' creates come next; a plan due is made now
 
     async def pod_stopped(self, request: Message, response: Message, info: MethodInfo) -> None:
         if self.state.stop_pod(request.pod_sandbox_id):  # type: ignore[attr-defined]
@@ -606,6 +614,8 @@ class EnforceHooks:
             return
         if was is not None and was.state in LIVE_STATES:  # its pod's containers the rules see are the same
             self.policy.moved_nothing(before)  # a kubelet's next create in the pod reads ahead still
+        if self._planning is not None:  # the plan after its create: made now, not as the next comes
+            self._plan_now()
         if not self.dry_run:
             self.reconciler.verify_started(cid)
 

@@ -174,6 +174,14 @@ class Policy:
                     ready[sandbox_id] = early
         self._prepared = (state.rules_generation, self._facts_version, self.settings(), ready)
 
+    def prepare_after_plan(self, sandbox_ids: Iterable[str]) -> None:
+        """`prepare` after a plan: these pods (the newest first: those the calls since changed),
+        then the newest of those read ahead before, READ_AHEAD_KEPT in all at least: a pod whose
+        next create was awaited still is (a kubelet starts pods side by side)."""
+        ids = list(sandbox_ids)
+        before = [sid for sid in self._prepared[3] if sid not in ids]  # the newest first
+        self.prepare([*ids, *before[: max(0, READ_AHEAD_KEPT - len(ids))]])
+
     def read_ahead(self, sandbox_id: str) -> bool:
         """`prepare` a new pod's first create (and again the newest read ahead before: a kubelet
         starts pods side by side) without making the plan first: the last plan folded over the

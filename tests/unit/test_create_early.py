@@ -72,17 +72,18 @@ def test_creates_read_their_decision_from_the_plan_made_after_the_last_change(tm
     run(main())
 
 
-def test_a_create_right_after_its_pod_in_the_same_turn_is_decided_on_the_path(tmp_path: Path) -> None:
-    """No loop turn between the RunPodSandbox answer and the create (the plan is not made yet): the
-    create decides as before, and rightly."""
+def test_a_create_right_after_its_pod_in_the_same_turn_reads_what_its_pod_made(tmp_path: Path) -> None:
+    """No loop turn between the RunPodSandbox answer and the create, and no plan made yet (a proxy
+    just started): the RunPodSandbox hook makes the plan itself, before its answer is written
+    (`Hooks.post_first`, `EnforceHooks._plan_now`), so the create reads its decision, and rightly."""
 
     async def main() -> None:
         async with node(tmp_path) as n:
             policy = n.proxy.policy
             read = reads(policy)
             cid = await create(n.proxy.hooks, "quick")
-            assert read == [None]
-            await asyncio.sleep(0)  # the plan the hooks asked for
+            assert len(read) == 1 and read[0] is not None
+            assert str(read[0].decision.cpuset) == whole_plans(policy, cid)
             assert str(policy.plan().containers[cid].cpuset) == whole_plans(policy, cid)
             await n.settle()
 

@@ -500,11 +500,12 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pod's containers as a kubelet makes them (create, start, create, ...), right after one
-    another: each create reads the decision read ahead, carried over the previous create
-    (`Policy.renamed`) and start (`Policy.moved_nothing`), with no plan in between; one plan comes
-    PLAN_LATER after. A new pod that moves no pool: its first create and the next in the pod before
-    read ahead still, with no plan (`Policy.read_ahead`). A new pod that may move the pools: the
-    next create decides on its path, and rightly."""
+    another: each create reads the decision read ahead, with no plan on its path; the plan after a
+    create is made in its start's hook, before the start's answer (`EnforceHooks._plan_now`), not
+    PLAN_LATER after, as the next create may come. A new pod that moves no pool: its first create
+    and the next in the pod before read ahead still (`Policy.read_ahead`, then
+    `Policy.prepare_after_plan`). A new pod that may move the pools: its hook makes the plan, and
+    the next create reads what it decides, rightly."""
     from cri_proxy.enforce import hooks as hooks_module
     from cri_proxy.enforce.policy import Policy
     from cri_proxy.relay.methods import KNOWN
@@ -541,24 +542,26 @@ def test_a_kubelets_creates_in_a_pod_read_ahead_without_a_plan_between(
 
             for name in ("a", "b", "c"):
                 assert await kubelet_container(hooks, name) == "0-15"
-            assert len(read) == 3 and all(e is not None for e in read) and plans == 0
-            for _ in range(100):  # the plan after them comes after its wait
-                if plans:
-                    break
-                await asyncio.sleep(0.01)
-            assert plans >= 1
+            assert len(read) == 3 and all(e is not None for e in read)
+            assert plans == 3 and hooks._planning is None  # one in each start's hook; none waits
             # a new pod that moves no pool: its first create, and the next one in d/p, read ahead
             plans = 0
             await new_pod("n", {})
+            assert plans == 0
             assert await kubelet_container(hooks, "n1", sandbox="n") == "0-15"
+            assert read[-1] is not None
+            d_p = policy.state.pod("s")  # still read ahead after the plan in n1's start: asked alone
+            assert d_p is not None and policy.before_create(d_p, None) is not None
             assert await kubelet_container(hooks, "d1") == "0-15"
-            assert read[-2] is not None and read[-1] is not None and plans == 0
+            assert read[-1] is not None and plans == 2
             fresh = Policy(policy.state, policy.topology, policy.settings).plan()
             assert str(fresh.containers["n1"].cpuset) == str(fresh.containers["d1"].cpuset) == "0-15"
-            # another pod comes that may move the pools: a create right behind decides on its path
+            # another pod comes that may move the pools: its hook makes the plan, before its answer
+            plans = 0
             await new_pod("o", {QOS_LABEL: "LS"})
+            assert plans == 1
             assert await kubelet_container(hooks, "d") == "0-15"
-            assert read[-1] is None
+            assert read[-1] is not None
             fresh = Policy(policy.state, policy.topology, policy.settings).plan()
             assert str(fresh.containers["d"].cpuset) == "0-15"
             await n.settle()

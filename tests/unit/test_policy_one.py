@@ -258,8 +258,9 @@ class OneContainer(RuleBasedStateMachine):
         self.plan_and_prepare_now(data.draw(st.lists(st.sampled_from([*self.pods, "gone"]), max_size=3)))
 
     def plan_and_prepare_now(self, sandbox_ids: list[str]) -> None:
+        """As the hooks make a plan (`EnforceHooks._make_plan`): the pods read ahead before too."""
         self.policy.plan()
-        self.policy.prepare(sandbox_ids)
+        self.policy.prepare_after_plan(sandbox_ids)
 
     @precondition(lambda self: self.state.containers())
     @rule(data=st.data())
