@@ -49,7 +49,8 @@ LEARN_WAIT = 2.0
 PLAN_LATER = 0.1
 """Seconds the plan after a create waits when what was read ahead for the next create still holds
 (`Policy.renamed`): a pod's creates in a row make one plan in that time, not one each; a plan
-after a create is ~0.2 ms of a CPU the runtime and the kubelet's next call want."""
+after a create is ~0.2 ms of a CPU the runtime and the kubelet's next call want. A start or a new
+pod that comes first makes it then, before its answer (`_plan_now`)."""
 GIVEN = "{} -> cpuset {} ({})"
 """The line about a create given a cpuset (its QoS class, the cpuset, why), before what became of it."""
 LINES_WAITING = 1024
