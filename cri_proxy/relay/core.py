@@ -980,29 +980,49 @@ class LinkCore:
     def _passes_as_is(self, buf: Buf, off: int, frames: list[wire.Frame]) -> bool:
         """Whether this read goes to the client exactly as it came, whatever following its frames
         finds, so that it may go first (a create's answer then leaves ~0.08 ms sooner): whole frames of
-        answers only. Each is a header block in one HEADERS frame, or the read's one DATA frame,
-        unpadded, holding at most one message within the limit; no frame of ours waits to go."""
+        answers, after connection frames that pass unchanged (`_passes_unchanged`). Each answer frame
+        is a header block in one HEADERS frame, or the read's one DATA frame, unpadded, holding at
+        most one message within the limit; no frame of ours waits to go."""
         if off or not frames or frames[-1][1] != len(buf) or buf is self.r_split.buf:
             return False
         if self.r_block.open or self.own_c:  # (ours wait only while the runtime's block is open)
             return False
         streams = self.streams
-        seen_data = False
+        seen_data = answers = False
         for at, end, ftype, flags, sid in frames:
             if ftype == wire.HEADERS:
                 if flags != wire.END_HEADERS and flags != wire.END_HEADERS | wire.END_STREAM:
                     return False
+                answers = True
             elif ftype == wire.DATA and not seen_data and not flags & wire.PADDED:
-                seen_data = True
+                seen_data = answers = True
                 st = streams.get(sid)
                 if st is None:
                     if sid in self.dropping:  # dropped, not passed
                         return False
                 elif not st.response.fits(buf, at + wire.HEADER_LEN, end, self.limits.message):
                     return False  # perhaps a message over the limit: the call is ended instead
-            else:
+            elif answers or not self._passes_unchanged(ftype, sid, end - at):
                 return False
         return True
+
+    def _passes_unchanged(self, ftype: int, sid: int, size: int) -> bool:
+        """Whether a connection frame of the runtime's that the core may keep or change passes as it
+        came, now: a WINDOW_UPDATE while none of the runtime's credit is the core's to keep back
+        (`_runtime_window`; what waits for window goes after it), a PING while none is held and no
+        slow call is open (`_runtime_ping`). grpc-go sends the two (its probe on a request's DATA)
+        ahead of a quick call's answer, in the same read: that read then goes first too, and is read
+        in one pass (`_one_answer`): a `Version` call 0.005-0.04 ms sooner against containerd."""
+        if sid:
+            return False
+        if ftype == wire.WINDOW_UPDATE:
+            return size == wire.HEADER_LEN + 4 and not self.win.withheld
+        return (
+            ftype == wire.PING
+            and size == wire.HEADER_LEN + 8
+            and not self.held_pings
+            and not self._slow_open()
+        )
 
     def _runtime_frames(
         self, buf: Buf, off: int, frames: list[wire.Frame], now: float, later: bool, passed: bool
@@ -1179,14 +1199,16 @@ class LinkCore:
     def _one_answer(self, buf: Buf, frames: list[wire.Frame], now: float) -> bool:
         """The usual read of the runtime's, passed before it was followed (`unread`), read in one
         pass: one open call's whole answer (its HEADERS, one DATA and its trailers, each whole and
-        plain; no block of an earlier read waits: the read came after they were read). The same as
+        plain; no block of an earlier read waits: the read came after they were read), after the
+        connection frames that pass unchanged (grpc-go's WINDOW_UPDATE and PING). The same as
         `_runtime_frames` and then the rest of `read_answers` do with it, in fewer steps: 5-12 µs
         (a fifth to a third) less a call with the cache cold (`bench/core.py --create --cold 16`).
         False: nothing done, they take it. `tests/unit/test_relay_one_answer.py` holds the two to
         one outcome."""
-        if len(frames) != 3 or self.closing or self.c_block.decoding:
+        lead = len(frames) - 3
+        if lead < 0 or self.closing or self.c_block.decoding:
             return False
-        (h_at, h_end, h_type, h_flags, sid), (d_at, d_end, d_type, d_flags, d_sid), trailers = frames
+        (h_at, h_end, h_type, h_flags, sid), (d_at, d_end, d_type, d_flags, d_sid), trailers = frames[lead:]
         t_at, t_end, t_type, t_flags, t_sid = trailers
         if (
             h_type != wire.HEADERS
@@ -1204,6 +1226,12 @@ class LinkCore:
         hook = st.hook if st is not None else None
         if st is None or block.decoder is None or (hook is not None and hook.running):
             return False  # (a call answered while its pre hook runs: the general way stops that)
+        if lead:  # (connection frames: `_passes_as_is` found them to pass unchanged)
+            if any(ftype != wire.WINDOW_UPDATE and ftype != wire.PING for _, _, ftype, _, _ in frames[:lead]):
+                return False  # another call's answer
+            for at, end, ftype, _, _ in frames[:lead]:
+                if ftype == wire.WINDOW_UPDATE:  # as `_runtime_window` takes it then
+                    self.win.credited(wire.window_increment(buf[at + wire.HEADER_LEN : end]), self.out_r)
         if hook is not None and hook.hooks.post is not None and hook.request is not None:
             hook.response += buf[d_at + wire.HEADER_LEN : d_end]  # (it ends here: no limit to watch)
         del self.streams[sid]  # (whole frames, passed as they came: the splitter keeps nothing)

@@ -54,6 +54,7 @@ SHAPES = (
     "error",
     "data-ends",
     "other-trailers",
+    "probed",
 )
 
 
@@ -104,6 +105,8 @@ class Side:
             core.warnings,
             core.r_block.open,
             core.answered_early,
+            (core.win.runtime_window, core.win.client_allowance, core.win.withheld, core.win.queued),
+            core.held_pings,
             table,
             [(s.id if s is not None else None, block, at) for s, block, at in core.answers],
             core.unread is None,
@@ -146,6 +149,9 @@ def answer(encoder: hpack.Encoder, sid: int, shape: str) -> list[bytes]:
         return [headers, wire.frame(wire.DATA, wire.END_STREAM, sid, grpc(b"r" * 10)), trailers]
     if shape == "other-trailers":  # the next stream's trailers
         return [headers, data, wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, sid + 2, ok)]
+    if shape == "probed":  # grpc-go's WINDOW_UPDATE and PING (the probe on the request's DATA) first
+        probe = wire.window_update(0, 17 + sid) + wire.frame(wire.PING, 0, 0, bytes([sid]) * 8)
+        return [probe, headers, data, trailers]
     if shape == "error":
         failed = encoder.encode([(b"grpc-status", b"5"), (b"grpc-message", b"not found")])
         return [headers, wire.frame(wire.HEADERS, wire.END_HEADERS | wire.END_STREAM, sid, failed)]
@@ -174,6 +180,10 @@ CALL = st.tuples(
 @example([(CREATE, "usual", "trailers"), (VERSION, "usual", "open")], [("frames", 3)] * 2, [True] * 2)
 @example([(CREATE, "other-trailers", "open"), (VERSION, "usual", "open")], [("frames", 3)], [True])
 @example([(VERSION, "usual", "open"), (CREATE, "usual", "open")], [("frames", 3)] * 2, [False, True])
+@example([(VERSION, "probed", "open")] * 2, [("frames", 4)] * 2, [True] * 2)  # grpc-go's quick call
+@example([(CREATE, "trailers", "open"), (CREATE, "usual", "open")], [], [])  # four frames, two answers
+@example([(CREATE, "probed", "open")], [("frames", 4)], [True])  # its PING held: the general way
+@example([(VERSION, "probed", "open")], [("frames", 1), ("frames", 3)], [True] * 2)  # the probe alone
 @given(
     calls=st.lists(CALL, min_size=1, max_size=5),
     reads=st.lists(
@@ -249,16 +259,26 @@ def test_the_usual_answers_are_read_in_one_pass() -> None:
     core.receive_from_client(wire.PREFACE + wire.settings())
     core.receive_from_runtime(wire.settings())
     client, runtime = hpack.Encoder(), hpack.Encoder()
-    for sid, path in ((1, CREATE), (3, VERSION), (5, CREATE)):
+    window = core.win.runtime_window
+    # (grpc-go's probe first: once the core has sent a create's request of its own, the runtime's
+    # credit for it is not the client's, and a WINDOW_UPDATE no longer passes unchanged)
+    for sid, path, shape in (
+        (1, VERSION, "probed"),
+        (3, CREATE, "usual"),
+        (5, VERSION, "usual"),
+        (7, CREATE, "usual"),
+    ):
         block = client.encode(request_headers(path))
         request = wire.frame(wire.HEADERS, wire.END_HEADERS, sid, block)
         core.receive_from_client(request + wire.frame(wire.DATA, wire.END_STREAM, sid, grpc(b"q")), 1.0)
-        core.receive_from_runtime(b"".join(answer(runtime, sid, "usual")), 2.0, answers_later=True)
+        core.receive_from_runtime(b"".join(answer(runtime, sid, shape)), 2.0, answers_later=True)
+        assert core.unread is not None  # passed before it was followed
         side.take()
         core.read_answers()
         side.take()
-    assert side.one_pass.taken == 3
+    assert side.one_pass.taken == 4
     assert [e[0] for e in side.events] == ["ready", "post", "ready", "post"]
-    assert side.events[1] == ("post", 1, b"q", b"r" * 10)
-    assert side.measured == [(CREATE, 0), (VERSION, 0), (CREATE, 0)]
+    assert side.events[1] == ("post", 3, b"q", b"r" * 10)
+    assert side.measured == [(VERSION, 0), (CREATE, 0), (VERSION, 0), (CREATE, 0)]
+    assert core.win.runtime_window == window - 4 * len(grpc(b"q")) + 17 + 1  # the probe's credit
     assert not core.streams and core.unread is None and not core.r_split.pending()

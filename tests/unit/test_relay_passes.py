@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -86,6 +87,7 @@ class Side:
             core.closing,
             core.warnings,
             core.buffered(),
+            (core.win.runtime_window, core.win.client_allowance, core.win.withheld, core.win.queued),
         )
 
 
@@ -153,6 +155,34 @@ def runtime_frame(kind: str, sid: int, variant: int) -> bytes:
 # a header block left open, and a HEADERS frame in the same read or in one of its own
 @example([(False, "ended")], [("headers", 0, 7), ("headers", 0, 0)], [("frames", 2)], [True])
 @example([(False, "ended")], [("headers", 0, 7), ("headers", 0, 0)], [("frames", 1), ("frames", 1)], [True])
+# grpc-go's probe ahead of a quick call's answer, and the same while a create (slow) is open
+@example(
+    [(False, "ended")],
+    [("window", 4, 0), ("ping", 4, 0), ("headers", 0, 0), ("data", 0, 1)],
+    [("frames", 3)] * 2,
+    [True] * 2,
+)
+@example(
+    [(True, "ended"), (False, "ended")],
+    [("window", 2, 0), ("ping", 2, 0), ("headers", 1, 0)],
+    [("frames", 3)],
+    [True],
+)
+# a WINDOW_UPDATE ahead of an answer, once the core has sent a create's request of its own
+@example(
+    [(True, "ended"), (False, "ended")],
+    [("window", 0, 0), *[(k, 1, 1) for k in ("headers", "data", "trailers")]],
+    [("frames", 4)],
+    [True],
+)
+# a PING held while a create was open, then one ahead of a quick call's answer: it waits behind
+@example(
+    [(True, "ended"), (False, "ended")],
+    [("ping", 0, 0), *[(k, 0, 1) for k in ("headers", "data", "trailers")], ("ping", 0, 2),
+     *[(k, 1, 1) for k in ("headers", "data", "trailers")]],
+    [("frames", 4)] * 2,
+    [True] * 2,
+)  # fmt: skip
 # a read that completes a frame cut in the one before
 @example([(False, "ended")], [("headers", 0, 0), ("data", 0, 1)], [("bytes", 5), ("frames", 2)], [])
 @given(
@@ -220,24 +250,45 @@ def test_a_read_passed_before_it_is_followed_leaves_all_as_following_it_first(
     assert sides[1].passed == 0
 
 
-def test_an_answer_alone_in_its_read_is_passed_before_it_is_followed() -> None:
-    """The case the early pass is for (a create's answer, one read) takes it; a PING with it does not."""
-    for extra, passed in ((b"", True), (wire.frame(wire.PING, 0, 0, b"p" * 8), False)):
-        side = Side(early=True)
-        core = side.core
-        core.receive_from_client(wire.PREFACE + wire.settings())
-        core.receive_from_runtime(wire.settings())
-        core.receive_from_client(wire.frame(wire.HEADERS, wire.END_HEADERS, 1, request(VERSION)))
-        core.receive_from_client(wire.frame(wire.DATA, wire.END_STREAM, 1, struct.pack(">BI", 0, 0)))
-        side.take()
-        answer = (
-            runtime_frame("headers", 1, 0) + runtime_frame("data", 1, 1) + runtime_frame("trailers", 1, 0)
-        )
-        core.receive_from_runtime(answer + extra, answers_later=True)
-        assert (core.unread is not None) is passed
-        assert (1 in core.streams) is passed  # not followed yet: the call is still open for the core
-        side.take()
-        assert side.client_bytes().endswith(answer + extra)
-        core.read_answers()
-        side.take()
-        assert 1 not in core.streams and side.measured == [(VERSION, 0)] and core.buffered() == 0
+PING = wire.frame(wire.PING, 0, 0, b"p" * 8)
+PROBE = wire.window_update(0, 35) + PING  # what grpc-go sends on a request's DATA
+
+
+@pytest.mark.parametrize(
+    ("path", "before", "after", "passed"),
+    [
+        (VERSION, b"", b"", True),  # the case the early pass is for: an answer alone in its read
+        (VERSION, PROBE, b"", True),  # grpc-go's probe ahead of a quick call's answer
+        (VERSION, b"", PING, False),  # a PING after the answer
+        (CREATE, PROBE, b"", False),  # its PING while a slow call is open: the core answers it
+    ],
+)
+def test_an_answer_alone_in_its_read_is_passed_before_it_is_followed(
+    path: str, before: bytes, after: bytes, passed: bool
+) -> None:
+    side = Side(early=True)
+    core = side.core
+    core.receive_from_client(wire.PREFACE + wire.settings())
+    core.receive_from_runtime(wire.settings())
+    core.receive_from_client(wire.frame(wire.HEADERS, wire.END_HEADERS, 1, request(path)))
+    core.receive_from_client(wire.frame(wire.DATA, wire.END_STREAM, 1, struct.pack(">BI", 0, 0)))
+    if path == CREATE:
+        core.hook_finished(1, PreDone(None, pb.CreateContainerRequest(), None))
+    side.take()
+    window = core.win.runtime_window
+    answer = runtime_frame("headers", 1, 0) + runtime_frame("data", 1, 1) + runtime_frame("trailers", 1, 0)
+    core.receive_from_runtime(before + answer + after, answers_later=True)
+    assert (core.unread is not None) is passed
+    assert (1 in core.streams) is passed  # not followed yet: the call is still open for the core
+    side.take()
+    core.read_answers()
+    side.take()
+    assert 1 not in core.streams and side.measured == [(path, 0)]
+    assert core.buffered() == (len(PING) if path == CREATE else 0)  # (the PING held)
+    if path == VERSION:
+        assert side.client_bytes().endswith(before + answer + after)
+        assert core.win.runtime_window == window + 35 * (len(before) > 0)
+    else:  # the core ACKs the PING itself, with the next write to the runtime; the client's window
+        # is credited for the request the core sent, not twice
+        assert side.client_bytes().endswith(wire.window_update(0, 30) + answer)
+        assert core.held_pings == [b"p" * 8]
