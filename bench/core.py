@@ -2,14 +2,16 @@
 """The frame relay's own CPU per tiny call: its sans-IO link core fed from memory, no sockets.
 
 An h2 client and server (the `h2` library) make `--calls` unary Version calls through nothing but
-bytes: each call's client bytes (request HEADERS + DATA, then the WINDOW_UPDATEs for the answer)
-and runtime bytes (response HEADERS, DATA, trailers, WINDOW_UPDATEs) are recorded once, then fed to
-a fresh LinkCore (`receive_from_client`/`take_runtime`, `receive_from_runtime`/`take_client`)
-`--repeat` times; it prints the best and median CPU microseconds per call. What it leaves out is the
-two Unix-socket hops and the event loop (bench/relay.py measures the whole proxy).
+bytes: each call's client bytes (request HEADERS + DATA; then, in a read of their own, the
+WINDOW_UPDATEs for the answer and any PING's ACK) and runtime bytes (response HEADERS, DATA,
+trailers, WINDOW_UPDATEs) are recorded once, then fed to a fresh LinkCore `--repeat` times in the
+adapter's turns (`receive_from_client`/`take_runtime`; `receive_from_runtime` with `answers_later`,
+`take_client`, `read_answers`); it prints the best and median CPU microseconds per call. What it
+leaves out is the two Unix-socket hops and the event loop (bench/relay.py measures the whole proxy).
 
     .venv/bin/python bench/core.py                  # ~1 s
     .venv/bin/python bench/core.py --vary-timeout   # a new grpc-timeout value per call (grpc-go's way)
+    .venv/bin/python bench/core.py --probe          # answers as containerd (grpc-go) writes them
     .venv/bin/python bench/core.py --profile        # cProfile of one run, by own time
     .venv/bin/python bench/core.py --against /tmp/main   # before/after: another checkout's core too
     .venv/bin/python bench/core.py --create --cold 16    # a hooked create, caches cold: wall µs
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "/runtime.v1.RuntimeService/Version"
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
-Call = tuple[bytes, bytes]  # (the client's bytes, the runtime's bytes) of one call
+Call = tuple[bytes, bytes, bytes]  # one call's request read, answer read and the client's read after it
 
 
 def create_request() -> bytes:
@@ -69,8 +71,12 @@ def create_request() -> bytes:
     return pb.CreateContainerRequest(pod_sandbox_id="a" * 64, config=config).SerializeToString()
 
 
-def conversation(calls: int, vary_timeout: bool, create: bool = False) -> tuple[Call, list[Call]]:
-    """(the connection's opening bytes, then each call's), as an h2 client and server write them."""
+def conversation(
+    calls: int, vary_timeout: bool, create: bool = False, probe: bool = False
+) -> tuple[tuple[bytes, bytes], list[Call]]:
+    """(the connection's opening bytes, then each call's), as an h2 client and server write them.
+    `probe`: the server answers a Version call as grpc-go does, its connection WINDOW_UPDATE and a
+    PING (its probe on the request's DATA) ahead of the answer, in the answer's read."""
     body = create_request() if create else b"\n\2v1"
     message = len(body).to_bytes(5, "big") + body
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
@@ -107,22 +113,27 @@ def conversation(calls: int, vary_timeout: bool, create: bool = False) -> tuple[
             server.increment_flow_control_window(len(message) + 64)  # and the hook's patch
             early = server.data_to_send()
             client.receive_data(early)
+        elif probe:
+            server.increment_flow_control_window(len(message))
+            server.ping(i.to_bytes(8, "big"))
+            early = server.data_to_send()
+            client.receive_data(early)  # its ACK goes in the client's read after the answer
         server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
         server.send_data(sid, b"\0\0\0\0\x20" + b"x" * 32)
         server.send_headers(sid, [("grpc-status", "0"), ("grpc-message", "")], end_stream=True)
         response = server.data_to_send()
         client.receive_data(response)
         client.increment_flow_control_window(37)
-        if not create:
+        if not create and not probe:
             server.increment_flow_control_window(9)
         c_more, r_more = client.data_to_send(), server.data_to_send()
         server.receive_data(c_more)
         client.receive_data(r_more)
-        out.append((request + c_more, early + response + r_more))
+        out.append((request, early + response + r_more, c_more))
     return opening, out
 
 
-def new_core(opening: Call, observe: bool) -> LinkCore:
+def new_core(opening: tuple[bytes, bytes], observe: bool) -> LinkCore:
     """A core past the connection's opening, hooking CreateContainer as `serve` does (its ready
     hook answering every create with a cpuset patch)."""
     from cri_api.v1 import api_pb2 as pb
@@ -162,16 +173,23 @@ def new_core(opening: Call, observe: bool) -> LinkCore:
 
 def run(core: LinkCore, calls: list[Call]) -> float:
     """CPU seconds of this process to relay every call once (CPU, not wall time: the figure holds
-    on a busy machine, where the process waits for a core now and then)."""
+    on a busy machine, where the process waits for a core now and then), in the adapter's turns:
+    the request read; the answer read, passed on before it is read (`answers_later`); the client's
+    read after it (its ACKs and credit, held for the next request's write)."""
     now = 1.0
     began = time.process_time()
-    for request, response in calls:
+    for request, response, after in calls:
         core.receive_from_client(request, now)
         core.take_runtime()
-        core.receive_from_runtime(response, now + 0.0004)
+        core.receive_from_runtime(response, now + 0.0004, answers_later=True)
         core.take_client()
+        core.read_answers()
         if core.events:  # the hooks' events (a ready create's), which the adapter takes
             core.take_events()
+        if after:
+            core.receive_from_client(after, now + 0.0005)
+            if core.out_r:
+                core.take_runtime()
     return time.process_time() - began
 
 
@@ -186,9 +204,9 @@ def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, 
     clock = time.perf_counter
     requests: list[float] = []
     answers: list[float] = []
-    after: list[float] = []
+    reading: list[float] = []
     now = 1.0
-    for request, response in calls:
+    for request, response, after in calls:
         junk[::64] = ones
         began = clock()
         core.receive_from_client(request, now)
@@ -207,15 +225,17 @@ def run_cold(core: LinkCore, calls: list[Call], megabytes: int) -> tuple[float, 
         began = clock()
         core.read_answers()
         core.take_events()
-        after.append(clock() - began)
-    return tuple(statistics.median(x) * 1e6 for x in (requests, answers, after))  # type: ignore[return-value]
+        reading.append(clock() - began)
+        core.receive_from_client(after, now + 0.0005)
+        core.take_runtime()
+    return tuple(statistics.median(x) * 1e6 for x in (requests, answers, reading))  # type: ignore[return-value]
 
 
 def measure(args: argparse.Namespace) -> list[float]:
     """CPU µs per call of each of `--repeat` runs, each on a fresh core; with --cold, the request
     read's wall µs (median of the run), the answer read's and the answer's reading after its write,
     for each run."""
-    opening, calls = conversation(args.calls, args.vary_timeout, args.create)
+    opening, calls = conversation(args.calls, args.vary_timeout, args.create, args.probe)
     if args.cold:
         runs = (
             run_cold(new_core(opening, not args.no_observer), calls, args.cold) for _ in range(args.repeat)
@@ -231,7 +251,7 @@ def measure_in(root: Path, args: argparse.Namespace) -> list[float]:
     argv = [sys.executable, __file__, "--root", str(root), "--figures"]
     argv += ["--calls", str(args.calls), "--repeat", str(args.repeat)]
     argv += ["--vary-timeout"] * args.vary_timeout + ["--no-observer"] * args.no_observer
-    argv += ["--create"] * args.create + ["--cold", str(args.cold)]
+    argv += ["--create"] * args.create + ["--probe"] * args.probe + ["--cold", str(args.cold)]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return [float(line) for line in out.split()]
 
@@ -252,6 +272,9 @@ def main() -> None:
     ap.add_argument("--vary-timeout", action="store_true", help="a new grpc-timeout value per call")
     ap.add_argument("--no-observer", action="store_true", help="no metrics observer on the core")
     ap.add_argument("--create", action="store_true", help="hooked CreateContainer calls (a ready hook)")
+    ap.add_argument(
+        "--probe", action="store_true", help="grpc-go's WINDOW_UPDATE and PING ahead of an answer"
+    )
     ap.add_argument("--cold", type=int, default=0, help="MB of memory written before each call: wall µs")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of one run instead")
     ap.add_argument("--against", type=Path, help="another checkout whose core is measured in turns")
@@ -261,7 +284,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(args.root.resolve()))
     if args.profile:
-        opening, calls = conversation(args.calls, args.vary_timeout)
+        opening, calls = conversation(args.calls, args.vary_timeout, probe=args.probe)
         core = new_core(opening, not args.no_observer)
         profile = cProfile.Profile()
         profile.runcall(run, core, calls)
@@ -280,7 +303,7 @@ def main() -> None:
             there += measure_in(args.against, args)
     shape = (
         f"{'varying' if args.vary_timeout else 'fixed'} grpc-timeout,"
-        f" {'with' if not args.no_observer else 'no'} observer"
+        f" {'with' if not args.no_observer else 'no'} observer{', probed' if args.probe else ''}"
     )
     what = "hooked CreateContainer (ready)" if args.create else "Version"
     line = f"link core, {args.calls} {what} calls x{len(here) // 3 if args.cold else len(here)} ({shape})"
