@@ -1017,12 +1017,7 @@ class LinkCore:
             return False
         if ftype == wire.WINDOW_UPDATE:
             return size == wire.HEADER_LEN + 4 and not self.win.withheld
-        return (
-            ftype == wire.PING
-            and size == wire.HEADER_LEN + 8
-            and not self.held_pings
-            and not self._slow_open()
-        )
+        return ftype == wire.PING and size == wire.HEADER_LEN + 8 and not self._pings_wait()
 
     def _runtime_frames(
         self, buf: Buf, off: int, frames: list[wire.Frame], now: float, later: bool, passed: bool
@@ -1070,7 +1065,7 @@ class LinkCore:
                 self._ended_while_decoding(sid)
             elif ftype == wire.GOAWAY:
                 keep = self._runtime_goaway(buf, at, end, start)
-            elif ftype == wire.PING and (self.held_pings or (streams and self._slow_open())):
+            elif ftype == wire.PING and self._pings_wait():
                 keep = self._runtime_ping(flags, sid, buf, at, end, start)
             if not keep:
                 start = end
@@ -1336,9 +1331,10 @@ class LinkCore:
             self.answer_pings()
         return False
 
-    def _slow_open(self) -> bool:
-        """Whether a slow call is open (asked once per PING)."""
-        return any(st.slow for st in self.streams.values())
+    def _pings_wait(self) -> bool:
+        """Whether a runtime PING now waits for the core's ACK (`_runtime_ping`): some wait already
+        (later ones keep their order), or a slow call is open (asked once per PING)."""
+        return bool(self.held_pings) or any(st.slow for st in self.streams.values())
 
     def _answer_held(self) -> None:
         """Something goes to the runtime anyway, or the PINGs waited long enough: the core ACKs
