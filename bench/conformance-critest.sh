@@ -1,8 +1,10 @@
 #!/bin/bash
-# Usage: .venv/bin/python bench/with_containerd.py bench/conformance-critest.sh  (env OUT, MODES, VERSIONS, CRITEST_ARGS,
+# Usage: .venv/bin/python bench/with_containerd.py --registry bench/conformance-critest.sh  (env OUT, MODES, VERSIONS, CRITEST_ARGS,
 # TOOLS: the directory with crictl-1.36.0 and critest-<version> built from cri-tools, default /work/tools/bin)
 # Inside with-containerd.py: CNI (bridge crimeas0 + loopback) for the private containerd, proxy (frames) in front,
-# critest 1.36.0 and 1.26.1 direct and via proxy, junit reports to $OUT.
+# critest 1.36.0 and 1.26.1 direct and via proxy, junit reports to $OUT. `--registry`: the images critest pulls are
+# served by a local registry (tests/e2e/registry.py, busybox stand-ins); without it every spec that pulls fails.
+# Needs Debian's containernetworking-plugins (/usr/lib/cni) for the pods' network.
 set -u
 WT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/measure/critest}

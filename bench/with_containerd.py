@@ -5,22 +5,32 @@ The command gets `CONTAINERD_SOCK` (the socket's path), `CONTAINERD_PID` and `CO
 one local busybox image, also the sandbox image) in its environment; its exit status is this
 script's. The containerd is the test bed's (`tests/e2e/containerd.py`): every path under one temp
 directory, its CNI directories in `$(dirname $CONTAINERD_SOCK)/cni/{bin,conf}`, empty.
+With `--registry` first, containerd pulls from a local registry (`bench/registry.py`) that serves
+busybox stand-ins under the names critest pulls (`REGISTRY` in the environment: its address).
 
     .venv/bin/python bench/with_containerd.py bench/conformance-critest.sh
+    .venv/bin/python bench/with_containerd.py --registry bench/conformance-critest.sh
     .venv/bin/python bench/with_containerd.py .venv/bin/python bench/hostile.py
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from common import ROOT
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+    command = sys.argv[1:]
+    with_registry = bool(command) and command[0] == "--registry"
+    if with_registry:
+        command = command[1:]
+    if not command or command[0] in ("-h", "--help"):
         print(__doc__)
         return 2
     sys.path.insert(0, str(ROOT / "tests" / "e2e"))
@@ -28,7 +38,14 @@ def main() -> int:
 
     if missing_tools():
         run_setup_script()
-    containerd = PrivateContainerd().start()
+    registry = None
+    hosts = None
+    if with_registry:
+        from registry import Registry, critest_images
+
+        registry = Registry(critest_images()).start()
+        hosts = registry.hosts_dir(Path(tempfile.mkdtemp(prefix="cri-registry-")))
+    containerd = PrivateContainerd(registry_hosts=hosts).start()
     try:
         env = dict(
             os.environ,
@@ -36,9 +53,16 @@ def main() -> int:
             CONTAINERD_PID=str(containerd.pid or ""),
             CONTAINERD_IMAGE=containerd.image,
         )
-        return subprocess.call(sys.argv[1:], env=env)
+        if registry is not None:
+            env["REGISTRY"] = registry.address
+        return subprocess.call(command, env=env)
     finally:
         containerd.stop()
+        if registry is not None:
+            registry.stop()
+            print(f"registry: {len(registry.pulls)} requests", file=sys.stderr)
+        if hosts is not None:
+            shutil.rmtree(hosts, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 - ``containerd`` (session): one private containerd for the whole session (:class:`PrivateContainerd`;
   ``.address`` is its CRI endpoint, ``.pod_log_dir`` the root for pods' log dirs, ``.restart()``).
   Installs the packages with scripts/setup-e2e when missing, so a fresh clone works.
+- ``registry`` (session): the local image registry that containerd pulls from (``registry.py``;
+  ``.pulls`` lists the requests it answered).
 - ``containerd_cri``: a sync CRI client straight to that containerd, once per API version.
 - After each test that used ``containerd``, every pod left behind is stopped and removed, and a
   containerd that the test left stopped is started again, so tests stay independent.
@@ -34,6 +36,7 @@ from containerd import (
     remove_all_pods,
     run_setup_script,
 )
+from registry import Registry, pull_images
 
 _HERE = Path(__file__).resolve().parent
 _timings: dict[str, float] = {}
@@ -70,8 +73,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def containerd() -> Iterator[PrivateContainerd]:
-    """One private containerd for the session, with localhost/busybox:latest imported."""
+def e2e_tools() -> None:
+    """containerd, runc and a static busybox on the machine (installed when missing), as root."""
     if os.geteuid() != 0:
         _unavailable("needs root (runs containerd and runc)")
     if missing_tools():
@@ -85,8 +88,24 @@ def containerd() -> Iterator[PrivateContainerd]:
         if still:
             _unavailable(f"still missing after scripts/setup-e2e: {', '.join(still)}")
 
+
+@pytest.fixture(scope="session")
+def registry(e2e_tools: None) -> Iterator[Registry]:
+    """A local image registry (`registry.py`) serving `pull_images()`: the session's containerd pulls
+    those names from it, and nothing else from anywhere."""
+    served = Registry(pull_images()).start()
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+@pytest.fixture(scope="session")
+def containerd(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateContainerd]:
+    """One private containerd for the session, with localhost/busybox:latest imported and pulls
+    going to the session's `registry`."""
     began = time.monotonic()
-    bed = PrivateContainerd()
+    bed = PrivateContainerd(registry_hosts=registry.hosts_dir(tmp_path_factory.mktemp("registry-hosts")))
     try:
         bed.start()
     except BaseException:

@@ -1,8 +1,9 @@
 """End-to-end test bed: a private containerd with locally built images.
 
-Nothing can be pulled from a registry on the test machines, and the system containerd (if any) must not
+No public registry is reachable from the test machines, and the system containerd (if any) must not
 be touched, so this module builds its own OCI images from Debian's static busybox and runs a containerd
 whose every path (root, state, sockets, runc root, CNI dirs) lives under one temporary directory.
+Images are imported; pulls go, when `registry_hosts` says so, to a local registry (`registry.py`).
 
 Importable without pytest: ``with PrivateContainerd() as ctrd: ...`` works from a plain script too.
 Facts behind the settings: the project spec shared/spec/containerd-e2e.md.
@@ -27,7 +28,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -124,29 +125,114 @@ def _tar_add(
     tar.addfile(info, io.BytesIO(data) if data is not None else None)
 
 
-def _busybox_rootfs(busybox: bytes, applets: Iterable[str]) -> bytes:
-    """A minimal rootfs: /bin/busybox, a link per applet in /bin, root in /etc/passwd."""
+ROOT_USERS = ("root:x:0:0:root:/root:/bin/sh", "nobody:x:65534:65534:nobody:/nonexistent:/bin/false")
+ROOT_GROUPS = ("root:x:0:", "nogroup:x:65534:")
+
+
+def busybox_rootfs(
+    busybox: bytes,
+    applets: Iterable[str],
+    *,
+    users: Iterable[str] = ROOT_USERS,
+    groups: Iterable[str] = ROOT_GROUPS,
+    files: Mapping[str, bytes] | None = None,
+) -> bytes:
+    """A minimal rootfs (a tar): /bin/busybox, a link per applet in /bin, `users` in /etc/passwd and
+    `groups` in /etc/group (lines), and `files` (path -> content, their folders made)."""
     buf = io.BytesIO()
+    dirs = ["bin", "dev", "etc", "proc", "root", "sys", "usr", "usr/bin", "var"]
+    for path in files or {}:
+        parts = path.strip("/").split("/")[:-1]
+        dirs += ["/".join(parts[: i + 1]) for i in range(len(parts)) if "/".join(parts[: i + 1]) not in dirs]
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for d in ("bin", "dev", "etc", "proc", "root", "sys", "usr", "usr/bin", "var"):
+        for d in dirs:
             _tar_add(tar, d)
         _tar_add(tar, "tmp", mode=0o1777)
         _tar_add(tar, "bin/busybox", data=busybox, kind=tarfile.REGTYPE)
         for applet in sorted(set(applets) - {"busybox"}):
             _tar_add(tar, f"bin/{applet}", kind=tarfile.SYMTYPE, mode=0o777, linkname="busybox")
-        _tar_add(
-            tar,
-            "etc/passwd",
-            kind=tarfile.REGTYPE,
-            mode=0o644,
-            data=b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-        )
-        _tar_add(tar, "etc/group", kind=tarfile.REGTYPE, mode=0o644, data=b"root:x:0:\nnogroup:x:65534:\n")
+        for name, lines in (("passwd", users), ("group", groups)):
+            text = "".join(f"{line}\n" for line in lines).encode()
+            _tar_add(tar, f"etc/{name}", kind=tarfile.REGTYPE, mode=0o644, data=text)
+        for path, data in (files or {}).items():
+            _tar_add(tar, path.strip("/"), kind=tarfile.REGTYPE, mode=0o644, data=data)
     return buf.getvalue()
 
 
 def _json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class ImageBlobs:
+    """One image's blobs, as an image layout or a registry holds them: its config, its one layer
+    (gzip) and the manifest naming both."""
+
+    config: bytes
+    layer: bytes
+    manifest: bytes
+    arch: str
+
+    @property
+    def digest(self) -> str:
+        """The manifest's digest: what the image is pulled by."""
+        return _sha256(self.manifest)
+
+    @property
+    def image_id(self) -> str:
+        """The config's digest: the id a runtime gives the image once pulled."""
+        return _sha256(self.config)
+
+    def blobs(self) -> dict[str, bytes]:
+        """Every blob by its digest."""
+        return {_sha256(blob): blob for blob in (self.config, self.layer, self.manifest)}
+
+
+MANIFEST_TYPE = _MT_MANIFEST
+
+
+def busybox_image(
+    busybox: Path = BUSYBOX,
+    *,
+    cmd: Iterable[str] = ("sleep", "inf"),
+    user: str = "",
+    stop_signal: str = "SIGKILL",
+    users: Iterable[str] = ROOT_USERS,
+    groups: Iterable[str] = ROOT_GROUPS,
+    files: Mapping[str, bytes] | None = None,
+) -> ImageBlobs:
+    """An image of Debian's static busybox (`busybox_rootfs`) that runs `cmd` as `user` (empty: the
+    image's default, root); `stop_signal` empty: the runtime's default, SIGTERM."""
+    binary = busybox.read_bytes()
+    applets = subprocess.run(
+        [str(busybox), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    layer_tar = busybox_rootfs(binary, applets, users=users, groups=groups, files=files)
+    layer = gzip.compress(layer_tar, compresslevel=6, mtime=0)
+    arch = _GOARCH.get(platform.machine(), platform.machine())
+    settings: dict[str, object] = {"Env": [_PATH_ENV], "Cmd": list(cmd), "WorkingDir": "/"}
+    if user:
+        settings["User"] = user
+    if stop_signal:
+        settings["StopSignal"] = stop_signal
+    config = _json(
+        {
+            "architecture": arch,
+            "os": "linux",
+            "config": settings,
+            "rootfs": {"type": "layers", "diff_ids": [_sha256(layer_tar)]},
+            "history": [{"created_by": "cri-proxy tests/e2e/containerd.py: Debian static busybox"}],
+        }
+    )
+    manifest = _json(
+        {
+            "schemaVersion": 2,
+            "mediaType": _MT_MANIFEST,
+            "config": {"mediaType": _MT_CONFIG, "digest": _sha256(config), "size": len(config)},
+            "layers": [{"mediaType": _MT_LAYER, "digest": _sha256(layer), "size": len(layer)}],
+        }
+    )
+    return ImageBlobs(config, layer, manifest, arch)
 
 
 def build_busybox_image(
@@ -167,34 +253,8 @@ def build_busybox_image(
     if out.exists():
         return out
 
-    applets = subprocess.run(
-        [str(busybox), "--list"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    layer_tar = _busybox_rootfs(binary, applets)
-    layer = gzip.compress(layer_tar, compresslevel=6, mtime=0)
-    arch = _GOARCH.get(platform.machine(), platform.machine())
-    config = _json(
-        {
-            "architecture": arch,
-            "os": "linux",
-            "config": {
-                "Env": [_PATH_ENV],
-                "Cmd": ["sleep", "inf"],
-                "WorkingDir": "/",
-                "StopSignal": "SIGKILL",
-            },
-            "rootfs": {"type": "layers", "diff_ids": [_sha256(layer_tar)]},
-            "history": [{"created_by": "cri-proxy tests/e2e/containerd.py: Debian static busybox"}],
-        }
-    )
-    manifest = _json(
-        {
-            "schemaVersion": 2,
-            "mediaType": _MT_MANIFEST,
-            "config": {"mediaType": _MT_CONFIG, "digest": _sha256(config), "size": len(config)},
-            "layers": [{"mediaType": _MT_LAYER, "digest": _sha256(layer), "size": len(layer)}],
-        }
-    )
+    image = busybox_image(busybox)
+    manifest = image.manifest
     index = _json(
         {
             "schemaVersion": 2,
@@ -202,9 +262,9 @@ def build_busybox_image(
             "manifests": [
                 {
                     "mediaType": _MT_MANIFEST,
-                    "digest": _sha256(manifest),
+                    "digest": image.digest,
                     "size": len(manifest),
-                    "platform": {"architecture": arch, "os": "linux"},
+                    "platform": {"architecture": image.arch, "os": "linux"},
                     "annotations": {
                         "io.containerd.image.name": name,
                         "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
@@ -221,7 +281,7 @@ def build_busybox_image(
         with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
             _tar_add(tar, "blobs")
             _tar_add(tar, "blobs/sha256")
-            for blob in (config, layer, manifest):
+            for blob in (image.config, image.layer, manifest):
                 _tar_add(
                     tar,
                     "blobs/sha256/" + hashlib.sha256(blob).hexdigest(),
@@ -410,8 +470,9 @@ def remove_all_pods(cri: CriClient, timeout: float = 30.0) -> list[str]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _config_toml(work: Path, socket_path: Path) -> str:
+def _config_toml(work: Path, socket_path: Path, registry_hosts: Path | None = None) -> str:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
+    registry = f'\n[{cri}.registry]\n  config_path = "{registry_hosts}"\n' if registry_hosts else ""
     return f"""\
 # Written by cri-proxy tests/e2e/containerd.py: a private containerd for the end-to-end tests.
 version = 2
@@ -457,7 +518,7 @@ oom_score = 0
 [{cri}.cni]
   bin_dir = "{work}/cni/bin"
   conf_dir = "{work}/cni/conf"
-"""
+{registry}"""
 
 
 def _dead_port() -> int:
@@ -485,6 +546,7 @@ class PrivateContainerd:
         ready_timeout: float = 20.0,
         stop_timeout: float = 10.0,
         images: Iterable[str] = (IMAGE,),
+        registry_hosts: Path | None = None,
     ) -> None:
         # Short base path: unix socket paths must stay under 108 bytes.
         self.workdir = Path(tempfile.mkdtemp(prefix="cri-e2e-", dir=tmp_root or "/tmp"))
@@ -506,12 +568,16 @@ class PrivateContainerd:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: io.BufferedWriter | None = None
         self._cgroups_before: set[Path] | None = None
+        #: containerd's registry hosts folder (`config_path`): pulls go where it says (a local
+        #: registry, `bench/registry.py`), straight, past the dead proxy below
+        self.registry_hosts = registry_hosts
         self._env = {
             **os.environ,
             "HTTP_PROXY": f"http://127.0.0.1:{_dead_port()}",
             "HTTPS_PROXY": f"http://127.0.0.1:{_dead_port()}",
-            "NO_PROXY": "",
+            "NO_PROXY": "127.0.0.1" if registry_hosts else "",
         }
+        self._env["no_proxy"] = self._env["NO_PROXY"]
         self._env["http_proxy"], self._env["https_proxy"] = self._env["HTTP_PROXY"], self._env["HTTPS_PROXY"]
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -536,7 +602,7 @@ class PrivateContainerd:
         for sub in ("root", "state", "runc", "opt", "cni/bin", "cni/conf"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         self.pod_log_dir.mkdir(exist_ok=True)
-        self.config_path.write_text(_config_toml(self.workdir, self.socket_path))
+        self.config_path.write_text(_config_toml(self.workdir, self.socket_path, self.registry_hosts))
         if self._cgroups_before is None:
             self._cgroups_before = _kubepods_dirs()
         self.start_daemon()
