@@ -16,11 +16,8 @@ busybox stand-ins under the names critest pulls (`REGISTRY` in the environment: 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from common import ROOT
 
@@ -39,13 +36,11 @@ def main() -> int:
     if missing_tools():
         run_setup_script()
     registry = None
-    hosts = None
     if with_registry:
         from registry import Registry, critest_images
 
         registry = Registry(critest_images()).start()
-        hosts = registry.hosts_dir(Path(tempfile.mkdtemp(prefix="cri-registry-")))
-    containerd = PrivateContainerd(registry_hosts=hosts).start()
+    containerd = PrivateContainerd(registry_hosts=registry.hosts_dir if registry else None).start()
     try:
         env = dict(
             os.environ,
@@ -61,8 +56,6 @@ def main() -> int:
         if registry is not None:
             registry.stop()
             print(f"registry: {len(registry.pulls)} requests", file=sys.stderr)
-        if hosts is not None:
-            shutil.rmtree(hosts, ignore_errors=True)
 
 
 if __name__ == "__main__":

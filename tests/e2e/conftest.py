@@ -101,11 +101,11 @@ def registry(e2e_tools: None) -> Iterator[Registry]:
 
 
 @pytest.fixture(scope="session")
-def containerd(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateContainerd]:
+def containerd(registry: Registry) -> Iterator[PrivateContainerd]:
     """One private containerd for the session, with localhost/busybox:latest imported and pulls
     going to the session's `registry`."""
     began = time.monotonic()
-    bed = PrivateContainerd(registry_hosts=registry.hosts_dir(tmp_path_factory.mktemp("registry-hosts")))
+    bed = PrivateContainerd(registry_hosts=registry.hosts_dir)
     try:
         bed.start()
     except BaseException:

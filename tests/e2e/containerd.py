@@ -28,7 +28,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -546,7 +546,7 @@ class PrivateContainerd:
         ready_timeout: float = 20.0,
         stop_timeout: float = 10.0,
         images: Iterable[str] = (IMAGE,),
-        registry_hosts: Path | None = None,
+        registry_hosts: Callable[[Path], object] | None = None,
     ) -> None:
         # Short base path: unix socket paths must stay under 108 bytes.
         self.workdir = Path(tempfile.mkdtemp(prefix="cri-e2e-", dir=tmp_root or "/tmp"))
@@ -568,8 +568,8 @@ class PrivateContainerd:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: io.BufferedWriter | None = None
         self._cgroups_before: set[Path] | None = None
-        #: containerd's registry hosts folder (`config_path`): pulls go where it says (a local
-        #: registry, `bench/registry.py`), straight, past the dead proxy below
+        #: Writes containerd's registry hosts folder (`config_path`) at the path it is given (e.g.
+        #: `registry.Registry.hosts_dir`): pulls go where it says, straight, past the dead proxy below
         self.registry_hosts = registry_hosts
         self._env = {
             **os.environ,
@@ -602,7 +602,11 @@ class PrivateContainerd:
         for sub in ("root", "state", "runc", "opt", "cni/bin", "cni/conf"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         self.pod_log_dir.mkdir(exist_ok=True)
-        self.config_path.write_text(_config_toml(self.workdir, self.socket_path, self.registry_hosts))
+        hosts = None
+        if self.registry_hosts is not None:
+            hosts = self.workdir / "registry-hosts"
+            self.registry_hosts(hosts)
+        self.config_path.write_text(_config_toml(self.workdir, self.socket_path, hosts))
         if self._cgroups_before is None:
             self._cgroups_before = _kubepods_dirs()
         self.start_daemon()

@@ -8,9 +8,11 @@ proxy it must fetch the same image, answer the same reference and fail with the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 import pytest
-from containerd import CriClient
+from containerd import CriClient, PrivateContainerd, connect
 from registry import Registry
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +28,16 @@ def _remove(cri: CriClient, name: str) -> None:
         "image"
     ):
         cri.image.RemoveImage(api.RemoveImageRequest(image=api.ImageSpec(image=name)), timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def _pulled_images_removed(containerd: PrivateContainerd) -> Iterator[None]:
+    """The images pulled here are removed after each test: the other tests see the test bed's
+    images alone (`test_ctl_containerd.py` compares `images` listings with crictl's)."""
+    yield
+    with connect(containerd.address) as cri:
+        for name in (SHELL, NAMED_USER):
+            _remove(cri, name)
 
 
 def _pull_error(cri: CriClient, name: str) -> tuple[grpc.StatusCode, str]:
