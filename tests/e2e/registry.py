@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -120,6 +121,7 @@ class Registry:
             self.blobs.update(image.blobs())
         self.server: ThreadingHTTPServer | None = None
         self.pulls: list[str] = []  # "GET /v2/...": what was asked, for the log
+        self.delays: dict[str, float] = {}  # blob digest -> seconds its GET waits (a slow pull)
 
     @property
     def address(self) -> str:
@@ -187,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         blob = self.served.blobs.get(ref)
         if blob is None:
             return self._unknown("BLOB_UNKNOWN", ref, body)
+        if body and ref in self.served.delays:
+            time.sleep(self.served.delays[ref])
         return self._send(200, blob, "application/octet-stream", body, ref)
 
     def _unknown(self, code: str, what: str, body: bool) -> None:

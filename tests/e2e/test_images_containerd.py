@@ -8,6 +8,8 @@ proxy it must fetch the same image, answer the same reference and fail with the 
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -94,3 +96,36 @@ def test_a_name_the_registry_lacks_fails_as_it_does_directly(
     code, details = _pull_error(through, NOT_SERVED)
     assert (code, details) == _pull_error(direct, NOT_SERVED)
     assert code == grpc.StatusCode.NOT_FOUND and NOT_SERVED in details
+
+
+def test_a_slow_pull_leaves_the_connection_to_other_calls(
+    via_proxy_and_direct: tuple[CriClient, CriClient], registry: Registry
+) -> None:
+    """The registry holds the layer 2 s (a pull that takes its time, as on a node): other calls on
+    the same connection are answered meanwhile, and the pull then ends with the image pulled."""
+    through, direct = via_proxy_and_direct
+    api = through.api
+    _remove(direct, SHELL)
+    blobs = registry.manifests[("e2e-test-images/busybox", "1.29-2")]
+    layer = next(digest for digest in blobs.blobs() if digest not in (blobs.digest, blobs.image_id))
+    registry.delays[layer] = 2.0
+    asked = len(registry.pulls)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pull = pool.submit(
+                through.image.PullImage, api.PullImageRequest(image=api.ImageSpec(image=SHELL)), timeout=60
+            )
+            while not any(f"/blobs/{layer}" in line for line in registry.pulls[asked:]):  # it waits
+                assert not pull.done(), pull.result()
+                time.sleep(0.01)
+            for _ in range(20):
+                version = through.runtime.Version(api.VersionRequest(version=through.version), timeout=10)
+                assert version.runtime_name == "containerd"
+                listed = through.image.ListImages(api.ListImagesRequest(), timeout=10).images
+                assert SHELL not in {tag for image in listed for tag in image.repo_tags}
+            assert not pull.done(), "the calls above were answered while the pull waited"
+            assert pull.result(timeout=60).image_ref == blobs.image_id
+    finally:
+        del registry.delays[layer]
+    status = direct.image.ImageStatus(api.ImageStatusRequest(image=api.ImageSpec(image=SHELL)), timeout=10)
+    assert status.image.id == blobs.image_id
