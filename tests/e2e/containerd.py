@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType, TracebackType
 from typing import Any
 
@@ -129,7 +129,7 @@ ROOT_USERS = ("root:x:0:0:root:/root:/bin/sh", "nobody:x:65534:65534:nobody:/non
 ROOT_GROUPS = ("root:x:0:", "nogroup:x:65534:")
 
 
-def busybox_rootfs(
+def _busybox_rootfs(
     busybox: bytes,
     applets: Iterable[str],
     *,
@@ -141,9 +141,8 @@ def busybox_rootfs(
     `groups` in /etc/group (lines), and `files` (path -> content, their folders made)."""
     buf = io.BytesIO()
     dirs = ["bin", "dev", "etc", "proc", "root", "sys", "usr", "usr/bin", "var"]
-    for path in files or {}:
-        parts = path.strip("/").split("/")[:-1]
-        dirs += ["/".join(parts[: i + 1]) for i in range(len(parts)) if "/".join(parts[: i + 1]) not in dirs]
+    folders = {str(d) for path in files or {} for d in PurePosixPath(path.strip("/")).parents}
+    dirs += sorted(folders - {".", *dirs})  # a folder sorts before what is in it
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for d in dirs:
             _tar_add(tar, d)
@@ -201,13 +200,13 @@ def busybox_image(
     groups: Iterable[str] = ROOT_GROUPS,
     files: Mapping[str, bytes] | None = None,
 ) -> ImageBlobs:
-    """An image of Debian's static busybox (`busybox_rootfs`) that runs `cmd` as `user` (empty: the
+    """An image of Debian's static busybox (`_busybox_rootfs`) that runs `cmd` as `user` (empty: the
     image's default, root); `stop_signal` empty: the runtime's default, SIGTERM."""
     binary = busybox.read_bytes()
     applets = subprocess.run(
         [str(busybox), "--list"], capture_output=True, text=True, check=True
     ).stdout.split()
-    layer_tar = busybox_rootfs(binary, applets, users=users, groups=groups, files=files)
+    layer_tar = _busybox_rootfs(binary, applets, users=users, groups=groups, files=files)
     layer = gzip.compress(layer_tar, compresslevel=6, mtime=0)
     arch = _GOARCH.get(platform.machine(), platform.machine())
     settings: dict[str, object] = {"Env": [_PATH_ENV], "Cmd": list(cmd), "WorkingDir": "/"}

@@ -49,9 +49,18 @@ def _web(port: int, say: str = "") -> ImageBlobs:
     )
 
 
+def _shell(
+    user: str = "", mark: str = "", users: Iterable[str] = USERS, groups: Iterable[str] = GROUPS
+) -> ImageBlobs:
+    """busybox's shell as the image's command (the specs give their own), run as `user`; `mark`: a
+    file of that name, so that images of different tags differ."""
+    files = {mark: b""} if mark else None
+    return busybox_image(cmd=("sh",), user=user, stop_signal="", users=users, groups=groups, files=files)
+
+
 def critest_images() -> dict[str, ImageBlobs]:
     """Each name critest (1.26 to 1.36) pulls and busybox can stand in for, with its image."""
-    shell = busybox_image(cmd=("sh",), stop_signal="", users=USERS, groups=GROUPS)
+    shell = _shell()
     pause = busybox_image(cmd=("sleep", "inf"), users=USERS, groups=GROUPS)
     images = {
         E2E + "busybox:1.29-2": shell,
@@ -63,14 +72,18 @@ def critest_images() -> dict[str, ImageBlobs]:
         "registry.k8s.io/pause:3.9": pause,
         "k8s.gcr.io/pause:3.9": pause,
         "gcr.io/pause:3.9": pause,
+        TOOLS + "test-image-latest:latest": _shell(mark="latest"),
+        TOOLS + "test-image-predefined-group:latest": _shell(
+            "1000",
+            users=(*USERS, "default-user:x:1000:1000::/home/default-user:/bin/sh"),
+            groups=(*GROUPS, "default-user:x:1000:", "group-defined-in-image:x:50000:default-user"),
+        ),
     }
     for tag in ("test", "all"):
-        images[f"{TOOLS}test-image-tag:{tag}"] = _marked(tag)
-    images[TOOLS + "test-image-latest:latest"] = _marked("latest")
+        images[f"{TOOLS}test-image-tag:{tag}"] = _shell(mark=tag)
+    same = _shell(mark="tags")
     for n in (1, 2, 3):
-        images[f"{TOOLS}test-image-{n}:latest"] = _marked(f"test-image-{n}")
-    same = _marked("tags")
-    for n in (1, 2, 3):
+        images[f"{TOOLS}test-image-{n}:latest"] = _shell(mark=f"test-image-{n}")
         images[f"{TOOLS}test-image-tags:{n}"] = same
     for name, user in (
         ("user-uid", "1002"),
@@ -78,33 +91,14 @@ def critest_images() -> dict[str, ImageBlobs]:
         ("user-uid-group", "1003:1004"),
         ("user-username-group", "www-data:1004"),
     ):
-        images[f"{TOOLS}test-image-{name}:latest"] = busybox_image(
-            cmd=("sh",), user=user, stop_signal="", users=USERS, groups=GROUPS
-        )
-    images[TOOLS + "test-image-predefined-group:latest"] = busybox_image(
-        cmd=("sh",),
-        user="1000",
-        stop_signal="",
-        users=(*USERS, "default-user:x:1000:1000::/home/default-user:/bin/sh"),
-        groups=(*GROUPS, "default-user:x:1000:", "group-defined-in-image:x:50000:default-user"),
-    )
+        images[f"{TOOLS}test-image-{name}:latest"] = _shell(user)
     return images
 
 
 def pull_images() -> dict[str, ImageBlobs]:
     """A few of `critest_images`, for the end-to-end tests' pulls: a shell image and one whose user
     is set by name."""
-    return {
-        E2E + "busybox:1.29-2": busybox_image(cmd=("sh",), stop_signal="", users=USERS, groups=GROUPS),
-        TOOLS + "test-image-user-username:latest": busybox_image(
-            cmd=("sh",), user="www-data", stop_signal="", users=USERS, groups=GROUPS
-        ),
-    }
-
-
-def _marked(mark: str) -> ImageBlobs:
-    """The shell image with a file of its own: images of different tags differ."""
-    return busybox_image(cmd=("sh",), stop_signal="", users=USERS, groups=GROUPS, files={mark: b""})
+    return {E2E + "busybox:1.29-2": _shell(), TOOLS + "test-image-user-username:latest": _shell("www-data")}
 
 
 class Registry:
