@@ -5,7 +5,7 @@ The command gets `CONTAINERD_SOCK` (the socket's path), `CONTAINERD_PID` and `CO
 one local busybox image, also the sandbox image) in its environment; its exit status is this
 script's. The containerd is the test bed's (`tests/e2e/containerd.py`): every path under one temp
 directory, its CNI directories in `$(dirname $CONTAINERD_SOCK)/cni/{bin,conf}`, empty.
-With `--registry` first, containerd pulls from a local registry (`bench/registry.py`) that serves
+With `--registry` first, containerd pulls from a local registry (`tests/e2e/registry.py`) that serves
 busybox stand-ins under the names critest pulls (`REGISTRY` in the environment: its address).
 
     .venv/bin/python bench/with_containerd.py bench/conformance-critest.sh

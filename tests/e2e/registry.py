@@ -141,16 +141,13 @@ class Registry:
 
     def hosts_dir(self, path: Path) -> Path:
         """containerd's registry hosts folder (`config_path`): each registry served goes here."""
+        at = self.address
         for host in self.hosts:
             (path / host).mkdir(parents=True, exist_ok=True)
-            at = self.address
             (path / host / "hosts.toml").write_text(
                 f'server = "{at}"\n\n[host."{at}"]\n  capabilities = ["pull", "resolve"]\n'
             )
         return path
-
-    def names(self) -> Iterable[str]:
-        return (f"{repo}:{ref}" for repo, ref in self.manifests if not ref.startswith("sha256:"))
 
 
 _PATH = re.compile(r"^/v2/(?P<repo>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]+)$")
