@@ -12,6 +12,7 @@ Facts behind the settings: the project spec shared/spec/containerd-e2e.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import hashlib
 import importlib
@@ -190,6 +191,13 @@ class ImageBlobs:
 MANIFEST_TYPE = _MT_MANIFEST
 
 
+@functools.cache
+def _busybox(busybox: Path) -> tuple[bytes, tuple[str, ...]]:
+    """The binary and its applets, read once however many images are made of it (a registry's)."""
+    applets = subprocess.run([str(busybox), "--list"], capture_output=True, text=True, check=True).stdout
+    return busybox.read_bytes(), tuple(applets.split())
+
+
 def busybox_image(
     busybox: Path = BUSYBOX,
     *,
@@ -202,10 +210,7 @@ def busybox_image(
 ) -> ImageBlobs:
     """An image of Debian's static busybox (`_busybox_rootfs`) that runs `cmd` as `user` (empty: the
     image's default, root); `stop_signal` empty: the runtime's default, SIGTERM."""
-    binary = busybox.read_bytes()
-    applets = subprocess.run(
-        [str(busybox), "--list"], capture_output=True, text=True, check=True
-    ).stdout.split()
+    binary, applets = _busybox(busybox)
     layer_tar = _busybox_rootfs(binary, applets, users=users, groups=groups, files=files)
     layer = gzip.compress(layer_tar, compresslevel=6, mtime=0)
     arch = _GOARCH.get(platform.machine(), platform.machine())
@@ -245,7 +250,7 @@ def build_busybox_image(
     """
     if ":" not in name.rsplit("/", 1)[-1]:
         raise ValueError(f"image name needs a tag: {name!r}")
-    binary = busybox.read_bytes()
+    binary = _busybox(busybox)[0]
     key = hashlib.sha256(f"{_IMAGE_FORMAT}\0{name}\0".encode() + binary).hexdigest()[:16]
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     out = cache_dir / f"{slug}-{key}.oci.tar"
