@@ -16,9 +16,13 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import uvloop
+from stamps.stamprec import Recorder
+
+STAMPS: Recorder | None = None  # `--stamps`
 
 
 class _Half(asyncio.Protocol):
@@ -36,11 +40,26 @@ class _Half(asyncio.Protocol):
             self.peer.early = []
 
     def data_received(self, data: bytes) -> None:
+        if STAMPS is not None:
+            return self._stamped(data, STAMPS)
         peer = self.peer
         if peer is None or peer.transport is None:
             self.early.append(data)
         elif not peer.transport.is_closing():  # else the other side hung up: nobody to give it to
             peer.transport.write(data)
+
+    def _stamped(self, data: bytes, rec: Recorder) -> None:
+        """`data_received` with its read and write stamped (`--stamps`, for bench/create_path.py):
+        the write's stamp is taken right before it, as the proxy's is."""
+        t0 = time.perf_counter_ns()
+        client = isinstance(self, _Client)
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            self.early.append(data)
+        elif not peer.transport.is_closing():
+            rec.wrote("wr" if client else "wc", time.perf_counter_ns())
+            peer.transport.write(data)
+        rec.read("c" if client else "r", len(data), t0, time.perf_counter_ns())
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.peer is not None and self.peer.transport is not None and not self.peer.transport.is_closing():
@@ -77,13 +96,16 @@ async def serve(listen: str, to: str) -> None:
         await server.serve_forever()
 
 
-def start(work: Path, runtime_address: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(
+    work: Path, runtime_address: str, stamps: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """This pipe in front of `runtime_address` (unix://), on work/pipe.sock: (process, endpoint)."""
     from common import wait_socket
 
     sock = work / "pipe.sock"
     to = runtime_address.removeprefix("unix://")
-    proc = subprocess.Popen([sys.executable, __file__, "--listen", str(sock), "--to", to])
+    more = ["--stamps", str(stamps)] if stamps is not None else []
+    proc = subprocess.Popen([sys.executable, __file__, "--listen", str(sock), "--to", to, *more])
     wait_socket(sock, proc)
     return proc, f"unix://{sock}"
 
@@ -94,7 +116,13 @@ def main() -> None:
     )
     parser.add_argument("--listen", required=True, help="the Unix socket to serve")
     parser.add_argument("--to", required=True, help="the runtime's Unix socket")
+    parser.add_argument(
+        "--stamps", help="stamp every read and write into this JSON file (bench/create_path.py)"
+    )
     args = parser.parse_args()
+    if args.stamps:
+        global STAMPS
+        STAMPS = Recorder(args.stamps)
     uvloop.run(serve(args.listen, args.to))
 
 
