@@ -46,7 +46,8 @@ from kube import container_config, pod_sandbox_config
 
 from cri_api.v1 import api_pb2 as pb
 
-Row = tuple[str, int, int, int]
+Row = tuple[str, int, int, int]  # (side: c, r, wr, wc; ns in; ns out; bytes)
+REQUEST = 900  # bytes: a create's request is the only client read this big here
 
 
 def creates(direct: str, relay: str, rounds: int, started: bool, label: str) -> list[tuple[str, int, int]]:
@@ -84,17 +85,18 @@ def creates(direct: str, relay: str, rounds: int, started: bool, label: str) -> 
     return out
 
 
-def read_stamps(path: Path, deadline: float = 10.0) -> list[Row]:
-    """The relay's stamps once its recorder has written them all (it writes every 2 s)."""
+def read_stamps(path: Path, deadline: float = 15.0) -> list[Row]:
+    """The relay's stamps once its recorder has written them all: the same count in two reads
+    further apart than its writes (every 2 s), or what was read by `deadline` seconds."""
     end = time.monotonic() + deadline
     rows: list[Row] = []
     while time.monotonic() < end:
-        if path.exists():
-            with contextlib.suppress(json.JSONDecodeError):  # caught mid-write
-                rows = [tuple(r) for r in json.loads(path.read_text())]  # type: ignore[misc]
         time.sleep(2.5)
-        if path.exists() and rows and len(json.loads(path.read_text())) == len(rows):
-            break
+        with contextlib.suppress(OSError, json.JSONDecodeError):  # not there yet, or caught mid-write
+            now = [tuple(r) for r in json.loads(path.read_text())]
+            if rows and len(now) == len(rows):
+                break
+            rows = now
     return sorted(rows, key=lambda r: r[1])
 
 
@@ -106,7 +108,7 @@ def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> Non
         if k != "r":
             continue
         window = rows[bisect.bisect_left(starts, t0) : bisect.bisect_left(starts, t1)]
-        read = next((r for r in window if r[0] == "c" and r[3] >= 900), None)
+        read = next((r for r in window if r[0] == "c" and r[3] >= REQUEST), None)
         if read is None:
             continue
         sent = next((r for r in window if r[0] == "wr" and r[1] >= read[1]), None)
