@@ -114,11 +114,14 @@ def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> Non
         sent = next((r for r in window if r[0] == "wr" and r[1] >= read[1]), None)
         if sent is None:
             continue
-        answered = [r for r in window if r[0] == "wc" and r[1] > sent[1]]
-        reads = [r for r in window if r[0] == "r" and answered and sent[1] < r[1] <= answered[-1][1]]
-        if not answered or not reads:
+        answered = [r[1] for r in window if r[0] == "wc" and r[1] > sent[1]]
+        if not answered:
             continue
-        wc, last = answered[-1][1], reads[-1]
+        wc = answered[-1]
+        reads = [r for r in window if r[0] == "r" and sent[1] < r[1] <= wc]
+        if not reads:
+            continue
+        last = reads[-1]
         parts["in"].append(read[1] - t0)
         parts["request"].append(sent[1] - read[1])
         parts["runtime"].append(last[1] - sent[1])

@@ -22,8 +22,6 @@ from pathlib import Path
 import uvloop
 from stamps.stamprec import Recorder
 
-STAMPS: Recorder | None = None  # `--stamps`
-
 
 class _Half(asyncio.Protocol):
     """One side of a piped connection: what it reads is written to the other side."""
@@ -40,26 +38,11 @@ class _Half(asyncio.Protocol):
             self.peer.early = []
 
     def data_received(self, data: bytes) -> None:
-        if STAMPS is not None:
-            return self._stamped(data, STAMPS)
         peer = self.peer
         if peer is None or peer.transport is None:
             self.early.append(data)
         elif not peer.transport.is_closing():  # else the other side hung up: nobody to give it to
             peer.transport.write(data)
-
-    def _stamped(self, data: bytes, rec: Recorder) -> None:
-        """`data_received` with its read and write stamped (`--stamps`, for bench/create_path.py):
-        the write's stamp is taken right before it, as the proxy's is."""
-        t0 = time.perf_counter_ns()
-        client = isinstance(self, _Client)
-        peer = self.peer
-        if peer is None or peer.transport is None:
-            self.early.append(data)
-        elif not peer.transport.is_closing():
-            rec.wrote("wr" if client else "wc", time.perf_counter_ns())
-            peer.transport.write(data)
-        rec.read("c" if client else "r", len(data), t0, time.perf_counter_ns())
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.peer is not None and self.peer.transport is not None and not self.peer.transport.is_closing():
@@ -96,6 +79,24 @@ async def serve(listen: str, to: str) -> None:
         await server.serve_forever()
 
 
+def _stamp(rec: Recorder) -> None:
+    """Every read stamped, and its write right before it, as the proxy's are (`--stamps`, for
+    bench/create_path.py). Without `--stamps` the pipe's path is not touched."""
+
+    def stamped(self: _Half, data: bytes) -> None:  # `_Half.data_received`, stamped
+        t0 = time.perf_counter_ns()
+        client = isinstance(self, _Client)
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            self.early.append(data)
+        elif not peer.transport.is_closing():
+            rec.wrote("wr" if client else "wc", time.perf_counter_ns())
+            peer.transport.write(data)
+        rec.read("c" if client else "r", len(data), t0, time.perf_counter_ns())
+
+    _Half.data_received = stamped  # type: ignore[method-assign]
+
+
 def start(
     work: Path, runtime_address: str, stamps: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -121,8 +122,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.stamps:
-        global STAMPS
-        STAMPS = Recorder(args.stamps)
+        _stamp(Recorder(args.stamps))
     uvloop.run(serve(args.listen, args.to))
 
 

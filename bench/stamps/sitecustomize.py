@@ -16,39 +16,30 @@ def _install(path: str) -> None:
     rec = Recorder(path)
     ns = time.perf_counter_ns
     link, link_core = transport.Link, core.LinkCore
-    client_data, runtime_data = link.data_received, link.runtime_data
-    take_runtime, take_client = link_core.take_runtime, link_core.take_client
 
-    def data_received(self, data):  # type: ignore[no-untyped-def]
-        t0 = ns()
-        try:
-            return client_data(self, data)
-        finally:
-            rec.read("c", len(data), t0, ns())
+    def reads(fn, side):  # type: ignore[no-untyped-def]
+        def stamped(self, data):  # type: ignore[no-untyped-def]
+            t0 = ns()
+            try:
+                return fn(self, data)
+            finally:
+                rec.read(side, len(data), t0, ns())
 
-    def runtime_read(self, data):  # type: ignore[no-untyped-def]
-        t0 = ns()
-        try:
-            return runtime_data(self, data)
-        finally:
-            rec.read("r", len(data), t0, ns())
+        return stamped
 
-    def to_runtime(self):  # type: ignore[no-untyped-def]
-        out = take_runtime(self)
-        if out:
-            rec.wrote("wr", ns())
-        return out
+    def takes(fn, side):  # type: ignore[no-untyped-def]
+        def stamped(self):  # type: ignore[no-untyped-def]
+            out = fn(self)
+            if out:
+                rec.wrote(side, ns())
+            return out
 
-    def to_client(self):  # type: ignore[no-untyped-def]
-        out = take_client(self)
-        if out:
-            rec.wrote("wc", ns())
-        return out
+        return stamped
 
-    link.data_received = data_received
-    link.runtime_data = runtime_read
-    link_core.take_runtime = to_runtime
-    link_core.take_client = to_client
+    link.data_received = reads(link.data_received, "c")
+    link.runtime_data = reads(link.runtime_data, "r")
+    link_core.take_runtime = takes(link_core.take_runtime, "wr")
+    link_core.take_client = takes(link_core.take_client, "wc")
 
 
 if "serve" in sys.argv and os.environ.get("CRI_BENCH_STAMPS"):
