@@ -56,10 +56,18 @@ def test_containerd_restart_under_the_proxy(containerd: PrivateContainerd, enfor
         worker.join(25)
         assert in_flight and in_flight[0] != "ok"
 
-        with pytest.raises(grpc.RpcError) as err:
-            rt.Version(api.VersionRequest(), timeout=5)
-        assert err.value.code() is grpc.StatusCode.UNAVAILABLE
-        assert containerd.address in (err.value.details() or "")
+        # the proxy closes the link as containerd closed it; a call the channel sends before it
+        # sees that close fails with the transport's reset (UNAVAILABLE too, as a direct call
+        # would), and the next goes on a new connection, answered by the proxy's own stand-in
+        details = []
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as err:
+                rt.Version(api.VersionRequest(), timeout=5)
+            assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+            details.append(err.value.details() or "")
+            if containerd.address in details[-1]:
+                break
+        assert containerd.address in details[-1], details
 
         # while the runtime is away the kubelet pins CPU 1 for a Guaranteed pod: the decision moves
         # BE and LS to CPU 0, and the updates cannot be sent yet
