@@ -13,13 +13,18 @@ before it creates the next. Per relayed create, p50 in µs:
     runtime  that to the relay's read that ends the answer
     answer   that read to the answer taken for the client's socket
     out      that to the client's return
-    busy     how long the relay's read that wrote the answer went on after it (the hooks after
-             the call): "late" is the share of creates whose client returned after that
+    busy     how long the relay's read that wrote the answer went on after it (the answer's
+             frames read; the hooks after the call, when they ran in that turn): "late" is the
+             share of creates whose client returned after that
+
+and with `--started`, per relayed start, "start's request": its first read to its request taken
+for the runtime's socket (the create's hooks after the call, put off until then when the start
+comes within `AFTER_WAIT`, run in it).
 
     .venv/bin/python bench/create_path.py --started --runtime-root /dev/shm   # ~2 minutes, root
 
 The relays are measured one after the other, not interleaved with each other: compare each with
-its own direct creates. `docs/performance.md` (thirty-first round) has its figures.
+its own direct creates. `docs/performance.md` (thirty-first and thirty-second rounds) has its figures.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ REQUEST = 900  # bytes: a create's request is the only client read this big here
 
 
 def creates(direct: str, relay: str, rounds: int, started: bool, label: str) -> list[tuple[str, int, int]]:
-    """Interleaved creates direct ("d") and through the relay ("r"): (path, ns called, ns returned)."""
+    """Interleaved creates direct ("d") and through the relay ("r"): (path, ns called, ns returned);
+    and `started`, each create's start ("ds", "rs")."""
     paths = {"d": grpc.insecure_channel(direct), "r": grpc.insecure_channel(relay)}
     call = {
         (k, m): ch.unary_unary(f"/runtime.v1.RuntimeService/{m}")
@@ -79,7 +85,9 @@ def creates(direct: str, relay: str, rounds: int, started: bool, label: str) -> 
             if started:
                 cid = pb.CreateContainerResponse.FromString(reply).container_id
                 start = pb.StartContainerRequest(container_id=cid).SerializeToString()
+                t0 = time.perf_counter_ns()
                 call[(k, "StartContainer")](start, timeout=60)
+                out.append((k + "s", t0, time.perf_counter_ns()))
     for ch in paths.values():
         ch.close()
     return out
@@ -130,6 +138,19 @@ def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> Non
         parts["busy"].append(last[2] - wc)
         total += 1
         late += t1 > last[2]
+    # a start's request: its first client read to the relay's next write to the runtime (the hooks
+    # after the create, when they wait for it, run in between: `transport.AFTER_WAIT`)
+    start_requests = []
+    for k, t0, t1 in calls:
+        if k != "rs":
+            continue
+        window = rows[bisect.bisect_left(starts, t0) : bisect.bisect_left(starts, t1)]
+        read = next((r for r in window if r[0] == "c"), None)
+        sent = next((r for r in window if r[0] == "wr" and read is not None and r[1] >= read[1]), None)
+        if read is not None and sent is not None:
+            start_requests.append(sent[1] - read[1])
+    if start_requests:
+        parts["start's request"] = start_requests
     d = [t1 - t0 for k, t0, t1 in calls if k == "d"]
     r = [t1 - t0 for k, t0, t1 in calls if k == "r"]
     added = (statistics.median(r) - statistics.median(d)) / 1e3

@@ -54,9 +54,9 @@ AFTER_WAIT = 0.001
 """Seconds the hooks after a call (unless `Hooks.post_first`) wait once its answer is written, at
 most: the caller, woken by the answer, gets the CPU first. Run in the answer's loop turn, they held
 a create's caller back 0.13-0.23 ms on two CPUs (docs/performance.md, thirty-second round). They
-run sooner when anything could see the state without them: a new call on any link
-(`FrameRelay.hooks_for`), a hook that runs before its answer, an admin view, the relay's stop
-(`FrameRelay.settle`)."""
+run sooner when anything could see the state without them: any later call's hook, on any link
+(`FrameRelay.hooks_for`, a pre hook, a hook that runs before its answer), an admin view, the
+relay's stop (`FrameRelay.settle`)."""
 
 
 class FrameRelay:
@@ -115,11 +115,15 @@ class FrameRelay:
         )
 
     def hooks_for(self, path: str) -> Hooks | None:
-        """A new call's hooks, looked up as its request begins: the hooks after the calls answered
-        before it run first (`settle`), so that it, and its own hooks, see the state they leave."""
-        if self.later:
+        """A new call's hooks, looked up as its request begins. When one of them runs on the
+        request's path (`pre`, `ready`), the hooks after the calls answered before it run first
+        (`settle`): it sees the state they leave. A call with none goes on at once (a start, whose
+        hook after it settles first, comes while runc works; a call without hooks reads no state
+        of the proxy's)."""
+        hooks = self.hooks.get(path)
+        if self.later and hooks is not None and (hooks.pre is not None or hooks.ready is not None):
             self.settle()
-        return self.hooks.get(path)
+        return hooks
 
     def run_later(self, link: Link, event: RunPost | RunFailed) -> None:
         """A hook after a call whose answer is written: run within `AFTER_WAIT`, in order."""

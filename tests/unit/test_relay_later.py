@@ -1,7 +1,8 @@
 """The hooks after a call wait a moment after its answer (`transport.AFTER_WAIT`), so the caller
-woken by the answer gets the CPU first; nothing later may see the state without them: a new call on
-any link, a hook that runs before its answer, an admin view and the relay's stop run them first,
-in the order their calls ended. Tested with the moment made long (a minute), so only those can
+woken by the answer gets the CPU first; nothing later may see the state without them: any later
+call's hook on any link (pre, ready, post-first), an admin view and the relay's stop run them
+first, in the order their calls ended; a later call with no hook on its path goes on without
+them. Tested with the moment made long (a minute), so only those can
 have run them."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import h2.connection
+import h2.events
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from cri_api.v1 import api_pb2 as pb
 from cri_proxy.config import Config
 from cri_proxy.relay import transport
-from cri_proxy.relay.hooks import HookTable
+from cri_proxy.relay.hooks import HookTable, Ready
 from cri_proxy.relay.transport import FrameRelay, Link
 from tests.unit.enforce_support import node
 from tests.unit.link_support import connected, send_call
@@ -26,6 +28,7 @@ from tests.unit.relay_support import bed, run, until
 REMOVE = "/runtime.v1.RuntimeService/RemoveContainer"
 START = "/runtime.v1.RuntimeService/StartContainer"
 UPDATE = "/runtime.v1.RuntimeService/UpdateContainerResources"
+CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 
 
 @pytest.fixture
@@ -42,18 +45,21 @@ def _empty_answer(server: h2.connection.H2Connection, sid: int) -> bytes:
 
 class Node:
     """Links of one relay, each an h2 client and an h2 runtime on recording transports. Calls:
-    RemoveContainer (a hook after the call that waits), StartContainer (post-first), and
-    UpdateContainerResources (a pre hook that notes which hooks after calls had run by then)."""
+    RemoveContainer (a hook after the call that waits), StartContainer (post-first),
+    UpdateContainerResources (a pre hook that notes which hooks after calls had run by then) and
+    CreateContainer (a ready hook that notes the same, and a hook after the call that waits)."""
 
     def __init__(self, links: int) -> None:
         self.ran: list[str] = []  # hooks after calls, as they ran: the container id of each
         self.answered: list[str] = []  # calls with such hooks, in the order their answers came
         self.seen: list[tuple[list[str], list[str]]] = []  # per update's pre hook: (answered, ran)
         self.serial = 0
+        self.received: list[str] = []  # the container id of each request the runtimes got, in order
         table = HookTable()
         table.register("RemoveContainer", post=self._after)
         table.register("StartContainer", post=self._after, post_first=True)
         table.register("UpdateContainerResources", pre=self._update)
+        table.register("CreateContainer", ready=self._ready, post=self._after)
         self.relay = FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table)
         self.logs: list[list[tuple[str, bytes]]] = []
         self.links: list[tuple[Link, h2.connection.H2Connection, h2.connection.H2Connection]] = []
@@ -65,22 +71,27 @@ class Node:
             self.open.append([])
 
     async def _after(self, request: Any, response: Any, info: Any) -> None:
-        self.ran.append(request.container_id)
+        self.ran.append(request.pod_sandbox_id if info.name == "CreateContainer" else request.container_id)
 
     async def _update(self, request: Any, info: Any) -> Any:
         self.seen.append((list(self.answered), list(self.ran)))
         return request
 
+    def _ready(self, message: bytes, info: Any) -> Ready:
+        self.seen.append((list(self.answered), list(self.ran)))
+        return Ready(b"", lambda sent: None)
+
     def call(self, at: int, path: str) -> None:
         link, client, _ = self.links[at]
         self.serial += 1
         cid = f"{path.rsplit('/', 1)[1]}-{self.serial}"
-        body = (
-            pb.UpdateContainerResourcesRequest(container_id=cid, linux=pb.LinuxContainerResources())
-            if path == UPDATE
-            else pb.RemoveContainerRequest(container_id=cid)
-        ).SerializeToString()
-        sid = send_call(client, body, path)
+        if path == UPDATE:
+            body = pb.UpdateContainerResourcesRequest(container_id=cid, linux=pb.LinuxContainerResources())
+        elif path == CREATE:  # its sandbox's id in the field where the others have the container's
+            body = pb.CreateContainerRequest(pod_sandbox_id=cid)
+        else:
+            body = pb.RemoveContainerRequest(container_id=cid)
+        sid = send_call(client, body.SerializeToString(), path)
         link.data_received(client.data_to_send())
         self._to_runtime(at)
         self.open[at].append((sid, cid))
@@ -89,7 +100,11 @@ class Node:
         log, server = self.logs[at], self.links[at][2]
         for who, data in log:
             if who == "runtime":
-                server.receive_data(data)
+                for event in server.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived) and event.data:
+                        self.received.append(
+                            pb.RemoveContainerRequest.FromString(event.data[5:]).container_id
+                        )
         log.clear()
 
     def answer(self, at: int) -> None:
@@ -112,7 +127,7 @@ class Node:
 Step = tuple[str, int, str]
 STEPS = st.lists(
     st.one_of(
-        st.tuples(st.just("call"), st.integers(0, 1), st.sampled_from([REMOVE, START, UPDATE])),
+        st.tuples(st.just("call"), st.integers(0, 1), st.sampled_from([REMOVE, START, UPDATE, CREATE])),
         st.tuples(st.just("answer"), st.integers(0, 1), st.just("")),
         st.tuples(st.just("due"), st.just(0), st.just("")),
     ),
@@ -127,14 +142,18 @@ def test_hooks_after_calls_run_in_order_and_before_anything_that_could_see_them(
 ) -> None:
     """Random interleavings of calls and answers on two links of one relay, and the wait coming
     due: after each step the hooks that ran are those of the first calls answered, in that order;
-    an update's pre hook always sees every call answered before it; a post-first hook runs the
-    ones waiting first; the relay's stop runs the rest."""
+    an update's pre hook and a create's ready hook always see every call answered before them; a
+    post-first hook runs the ones waiting first; the relay's stop runs the rest; a start's or a
+    remove's request (no hook on its path) leaves them waiting."""
 
     async def main() -> None:
         n = Node(2)
         for kind, at, path in steps:
             if kind == "call":
+                waiting = len(n.relay.later)
                 n.call(at, path)
+                if path in (REMOVE, START):
+                    assert len(n.relay.later) == waiting
             elif kind == "answer" and n.open[at]:
                 n.answer(at)
                 if n.answered and n.answered[-1].startswith("StartContainer"):
@@ -158,6 +177,24 @@ def test_the_hooks_after_a_call_run_on_their_own_a_moment_after_its_answer() -> 
         assert n.ran == [] and n.relay.later_due is not None
         await until(lambda: n.ran == n.answered, "the hook after the call ran")
         assert n.relay.later_due is None and not n.relay.later
+
+    run(main())
+
+
+def test_a_start_goes_on_at_once_and_runs_the_hooks_waiting_before_its_own(long_wait: None) -> None:
+    """A start has no hook on its request's path: its request goes to the runtime without the
+    hooks after the calls answered before it (they run while runc works, or when its answer comes,
+    before its post-first hook)."""
+
+    async def main() -> None:
+        n = Node(2)
+        n.call(0, REMOVE)
+        n.answer(0)
+        n.call(1, START)
+        assert n.received[-1] == "StartContainer-2"  # its request reached the runtime
+        assert n.ran == [] and len(n.relay.later) == 1
+        n.answer(1)
+        assert n.ran == n.answered == ["RemoveContainer-1", "StartContainer-2"]
 
     run(main())
 
