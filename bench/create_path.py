@@ -14,12 +14,11 @@ before it creates the next. Per relayed create, p50 in µs:
     answer   that read to the answer taken for the client's socket
     out      that to the client's return
     busy     how long the relay's read that wrote the answer went on after it (the answer's
-             frames read; the hooks after the call, when they ran in that turn): "late" is the
-             share of creates whose client returned after that
+             frames read, the hooks after the call): "late" is the share of creates whose client
+             returned after that
 
 and with `--started`, per relayed start, "start's request": its first read to its request taken
-for the runtime's socket (the create's hooks after the call, put off until then when the start
-comes within `AFTER_WAIT`, run in it).
+for the runtime's socket (where work put off from the create would show).
 
     .venv/bin/python bench/create_path.py --started --runtime-root /dev/shm   # ~2 minutes, root
 
@@ -138,8 +137,7 @@ def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> Non
         parts["busy"].append(last[2] - wc)
         total += 1
         late += t1 > last[2]
-    # a start's request: its first client read to the relay's next write to the runtime (the hooks
-    # after the create, when they wait for it, run in between: `transport.AFTER_WAIT`)
+    # a start's request: its first client read to the relay's next write to the runtime
     start_requests = []
     for k, t0, t1 in calls:
         if k != "rs":
