@@ -144,8 +144,10 @@ def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> Non
             continue
         window = rows[bisect.bisect_left(starts, t0) : bisect.bisect_left(starts, t1)]
         read = next((r for r in window if r[0] == "c"), None)
-        sent = next((r for r in window if r[0] == "wr" and read is not None and r[1] >= read[1]), None)
-        if read is not None and sent is not None:
+        if read is None:
+            continue
+        sent = next((r for r in window if r[0] == "wr" and r[1] >= read[1]), None)
+        if sent is not None:
             start_requests.append(sent[1] - read[1])
     if start_requests:
         parts["start's request"] = start_requests
