@@ -99,7 +99,6 @@ class Proxy:
             self.relay.channel, cgroup_first(self.state, cgroups, status_reader(self.relay.channel))
         )
         self.introspection.dry_run = lambda: self.config.dry_run
-        self.introspection.settle = self.relay.settle
         self.events: EventPoster | None = None
         if self.kube_api is not None:
             watcher = self.kube_api
@@ -252,7 +251,6 @@ class Proxy:
         return await self._healthz()
 
     def _metrics_view(self) -> dict[str, Any]:
-        self.relay.settle()
         return {
             "pods": len(self.state.pods()),
             "containers": len(self.state.containers()),

@@ -44,9 +44,6 @@ class Introspection(GenericHandler):
         self.observe: Observe | None = None
         self.dry_run: Callable[[], bool] = lambda: False
         self.extra: Callable[[], Mapping[str, Any]] = dict
-        # run the hooks after the calls answered so far that wait to run (the relay's `settle`):
-        # a view asked right after an answer shows what it changed
-        self.settle: Callable[[], None] = lambda: None
         views_: dict[str, View] = {
             "Cpusets": self._cpusets,
             "Cpus": self._cpus,
@@ -110,7 +107,6 @@ class Introspection(GenericHandler):
 
     async def live_problems(self) -> list[dict[str, Any]]:
         """The problems view's rows (for Kubernetes Events)."""
-        self.settle()
         i, _ = await self.inputs()
         return views.problem_rows(i, views.container_rows(i))
 
@@ -206,9 +202,9 @@ class Introspection(GenericHandler):
             self.reconciler.request()
         return {"unpinned": c.pin, "cpuset": rules_text}
 
-    def _behaviour(self, view: View) -> Any:
+    @staticmethod
+    def _behaviour(view: View) -> Any:
         async def behaviour(request: bytes, context: Any) -> bytes:
-            self.settle()
             return json.dumps(await view(request), indent=1, sort_keys=False).encode()
 
         return behaviour

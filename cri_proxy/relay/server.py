@@ -153,12 +153,6 @@ class Relay:
         self._remove_socket()
         logger.info("cri-proxy stopped")
 
-    def settle(self) -> None:
-        """Run the hooks after calls that wait to run (frames mode: `FrameRelay.settle`) now: for a
-        view of the state that must not miss them. grpc mode runs them before each answer."""
-        if self.frames is not None:
-            self.frames.settle()
-
     async def wait(self) -> None:
         await self._stopped.wait()
 

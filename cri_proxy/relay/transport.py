@@ -8,8 +8,7 @@ import asyncio
 import contextlib
 import select
 import socket
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from time import perf_counter
 from typing import Any, cast
@@ -36,7 +35,7 @@ from cri_proxy.relay.flow import Budget
 from cri_proxy.relay.forward import CallObserver
 from cri_proxy.relay.heap import HeapTrim, malloc_trim
 from cri_proxy.relay.hookrun import CODES, Forward, HookRunner, PreOutcome
-from cri_proxy.relay.hooks import FailPolicy, Hooks, HookTable
+from cri_proxy.relay.hooks import FailPolicy, HookTable
 from cri_proxy.relay.methods import KNOWN
 
 CONNECT_TIMEOUT = 5.0
@@ -50,13 +49,6 @@ READY_WAIT = 0.1
 `Ready.after` (a create's pending record): done right before the hooks after its call, not while
 the runtime works on it (on two CPUs, 0.5 ms of the proxy's CPU there added 0.14-0.22 ms to a
 create), and the two together are less work (`EnforceHooks._went_in`). docs/performance.md."""
-AFTER_WAIT = 0.001
-"""Seconds the hooks after a call (unless `Hooks.post_first`) wait once its answer is written, at
-most: the caller, woken by the answer, gets the CPU first. Run in the answer's loop turn, they held
-a create's caller back 0.13-0.23 ms on two CPUs (docs/performance.md, thirty-second round). They
-run sooner when anything could see the state without them: any later call's hook, on any link
-(`FrameRelay.hooks_for`, a pre hook, a hook that runs before its answer), an admin view, the
-relay's stop (`FrameRelay.settle`)."""
 
 
 class FrameRelay:
@@ -89,8 +81,6 @@ class FrameRelay:
         self.links: set[Link] = set()
         self.heap = HeapTrim(malloc_trim())
         self.measured: list[tuple[str, int, float, float]] = []  # calls ended, not yet observed
-        self.later: deque[tuple[Link, RunPost | RunFailed]] = deque()  # hooks after calls, waiting
-        self.later_due: asyncio.TimerHandle | None = None  # when they run (`AFTER_WAIT`)
         self._server: asyncio.AbstractServer | None = None
 
     def watch_responses(self) -> bool:
@@ -104,7 +94,7 @@ class FrameRelay:
             observe = self._measured
 
         return LinkCore(
-            self.hooks_for,
+            self.hooks.get,
             self.limits,
             self.budget,
             observe,
@@ -113,33 +103,6 @@ class FrameRelay:
             runtime_name=self.endpoint,
             as_is=self.runner.as_is,
         )
-
-    def hooks_for(self, path: str) -> Hooks | None:
-        """A new call's hooks, looked up as its request begins. When one of them runs on the
-        request's path (`pre`, `ready`), the hooks after the calls answered before it run first
-        (`settle`): it sees the state they leave. A call with none goes on at once (a start, whose
-        hook after it settles first, comes while runc works; a call without hooks reads no state
-        of the proxy's)."""
-        hooks = self.hooks.get(path)
-        if self.later and hooks is not None and (hooks.pre is not None or hooks.ready is not None):
-            self.settle()
-        return hooks
-
-    def run_later(self, link: Link, event: RunPost | RunFailed) -> None:
-        """A hook after a call whose answer is written: run within `AFTER_WAIT`, in order."""
-        self.later.append((link, event))
-        if self.later_due is None:
-            self.later_due = asyncio.get_running_loop().call_later(AFTER_WAIT, self.settle)
-
-    def settle(self) -> None:
-        """Run the hooks after calls that wait (`run_later`) now, in the order their calls ended."""
-        if self.later_due is not None:
-            self.later_due.cancel()
-            self.later_due = None
-        later = self.later
-        while later:
-            link, event = later.popleft()
-            link.after_call(event)
 
     def _measured(self, path: str, code: int, total: float, upstream: float) -> None:
         self.measured.append((path, code, total, upstream))
@@ -173,7 +136,6 @@ class FrameRelay:
         if self._server is not None:
             with contextlib.suppress(TimeoutError):  # uvloop waits for every connection to detach
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
-        self.settle()  # the hooks after the last calls, those of links closed just now included
 
 
 class _RuntimeSide(asyncio.Protocol):
@@ -468,19 +430,21 @@ class Link(asyncio.Protocol):
             self._event(event)
 
     def _event(self, event: Event) -> None:
+        runner = self.relay.runner
         if isinstance(event, RunPre):
             self._pre(event)
         elif isinstance(event, CancelPre):
             task = self.pres.pop(event.stream, None)
             if task is not None:
                 task.cancel()
-        elif isinstance(event, RunPost | RunFailed):
-            if not event.hooks.post_first:
-                self.relay.run_later(self, event)
-                return
-            if self.relay.later:  # those after earlier calls first
-                self.relay.settle()
-            self.after_call(event)
+        elif isinstance(event, RunPost):
+            request = self._as_sent(event.stream, event.request)
+            if request is not None:
+                self._after_call(runner.post(event.info, event.hooks, request, event.response))
+        elif isinstance(event, RunFailed):
+            request = self._as_sent(event.stream, event.request)
+            if request is not None:
+                self._after_call(runner.failed(event.info, event.hooks, request, event.code))
         elif isinstance(event, Readied):
             loop = asyncio.get_running_loop()
             due = loop.time() + READY_WAIT
@@ -512,17 +476,8 @@ class Link(asyncio.Protocol):
             del readied[stream]
             self.core.request_decoded(stream, runner.readied(event.info, event.ready, event.request))
 
-    def after_call(self, event: RunPost | RunFailed) -> None:
-        """Run a hook after a call (its answer is written, or `Hooks.post_first`): now; one that
-        waits goes on in a task."""
-        runner = self.relay.runner
-        request = self._as_sent(event.stream, event.request)
-        if request is None:
-            return
-        if isinstance(event, RunPost):
-            hook = runner.post(event.info, event.hooks, request, event.response)
-        else:
-            hook = runner.failed(event.info, event.hooks, request, event.code)
+    def _after_call(self, hook: Coroutine[Any, Any, None]) -> None:
+        """A hook after the call (its answer is written): run now; one that waits goes on in a task."""
         try:
             started = inline.start(hook)
         except Exception as exc:  # a bug outside the hook's guard: logged; the link lives on
@@ -534,8 +489,6 @@ class Link(asyncio.Protocol):
 
     def _pre(self, event: RunPre) -> None:
         """Run the pre hook now, in this loop turn; a hook that waits goes on in a task."""
-        if self.relay.later:  # after the hooks of calls answered while its request came
-            self.relay.settle()
         runner = self.relay.runner
         if event.message is None:
             return self._pre_done(event.stream, runner.unreadable(event.info, event.why, event.hooks))

@@ -116,9 +116,7 @@ class Node:
         return str(self.fake.store.containers[container_id].resources.cpuset_cpus)
 
     async def settle(self) -> None:
-        """Wait until the hooks after the calls answered so far ran (they wait `AFTER_WAIT` in
-        frames mode) and the reconciler has nothing left to do."""
-        self.proxy.relay.settle()
+        """Wait until the reconciler has nothing left to do."""
         ticket = self.proxy.reconciler.request()
         assert await self.proxy.reconciler.wait_for(ticket, 10)
         await asyncio.wait_for(self.proxy.reconciler.checks_done(), 10)

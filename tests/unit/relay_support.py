@@ -25,15 +25,6 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-async def until(condition: Callable[[], bool], what: str, within: float = 10.0) -> None:
-    """Wait for `condition`, with a deadline (the hooks after a call run a moment after its
-    answer in frames mode: `transport.AFTER_WAIT`)."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"not within {within} s: {what}"
-        await asyncio.sleep(0.002)
-
-
 @dataclass
 class Bed:
     dir: Path

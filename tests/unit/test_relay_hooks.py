@@ -14,7 +14,7 @@ from cri_api.v1 import api_pb2 as v1
 from cri_api.v1alpha2 import api_pb2 as v1alpha2
 from cri_proxy.relay.hooks import FailPolicy, HookError, HookTable
 from cri_proxy.relay.methods import MethodInfo
-from tests.unit.relay_support import bed, run, until
+from tests.unit.relay_support import bed, run
 
 
 @pytest.fixture(autouse=True, params=["grpc", "frames"])
@@ -79,7 +79,6 @@ def test_pre_hook_sets_cpuset_and_keeps_unknown_fields_post_hook_sees_reply(pb: 
             cid = await _sandbox_and_create(ch, pb, UNKNOWN_FIELD)
             stored = b.fake.store.containers[cid]
             assert stored.resources.cpuset_cpus == "1"
-            await until(lambda: bool(seen), "the post hook ran")
             assert seen == [(pb.DESCRIPTOR.package.split(".")[1], "1", cid)]
             # the runtime received the unknown field intact
             assert stored.config.metadata.name == "app"
@@ -155,7 +154,6 @@ def test_a_hook_that_raises_follows_the_fail_policy(
                 cid = await _sandbox_and_create(ch, v1)
                 # forwarded unchanged: the half-done change of the failed hook is not sent
                 assert b.fake.store.containers[cid].resources.cpuset_cpus == ""
-                await until(lambda: bool(seen), "the post hook ran")
                 assert seen == [""]  # and the post hook is told what was sent, not the half-done change
             else:
                 with pytest.raises(grpc.aio.AioRpcError) as err:

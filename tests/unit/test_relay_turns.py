@@ -1,8 +1,8 @@
 """What the frame relay's asyncio adapter writes, and when, for a hooked call (fake transports: the
 byte-level behaviour is tested against real sockets and containerd elsewhere). A pre hook that ends
 in the turn its request ended in lets the request's HEADERS and DATA leave in one write; a post hook
-runs a moment after the answer is written (`AFTER_WAIT`; the answer's header blocks are decoded
-after the write), without a task of its own (before the write, for a post-first one); the
+runs in the turn the answer came in, after the answer is written (and read: its header blocks are
+decoded after the write), without a task of its own (before the write, for a post-first one); the
 proxy's line about a create is written after its answer. One test checks on real sockets, under
 both event loops, that "written" means in the client's socket already (both loops make the write's
 system call at once when nothing waits to be sent)."""
@@ -22,8 +22,94 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 from cri_proxy.config import Config
 from cri_proxy.relay.hooks import HookTable
-from tests.unit.link_support import answer_create, connected, frames, send_call
-from tests.unit.relay_support import bed, run, until
+from cri_proxy.relay.transport import FrameRelay, Link
+from tests.unit.relay_support import bed, run
+
+PATH = "/runtime.v1.RuntimeService/CreateContainer"
+
+
+class Transport:
+    """Records every write (one entry per `write`/`writelines` call) into a shared log."""
+
+    def __init__(self, name: str, log: list[tuple[str, bytes]]) -> None:
+        self.name, self.log = name, log
+
+    def write(self, data: bytes) -> None:
+        self.log.append((self.name, bytes(data)))
+
+    def writelines(self, chunks: Any) -> None:
+        self.log.append((self.name, b"".join(bytes(c) for c in chunks)))
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def frames(data: bytes) -> list[int]:
+    """The frame types in `data` (HTTP/2 frames, no preface)."""
+    out, at = [], 0
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at : at + 3], "big")
+        out.append(data[at + 3])
+        at += 9 + length
+    return out
+
+
+def connected(
+    table: HookTable, log: list[tuple[str, bytes]], window: int = 0
+) -> tuple[Link, h2.connection.H2Connection, h2.connection.H2Connection]:
+    """A Link between an h2 client and an h2 server (the runtime) on recording transports, the
+    handshake done both ways; `window`: more connection window the server gives at once."""
+    link = Link(FrameRelay(Config(runtime_endpoint="unix:///nonexistent/runtime.sock"), table))
+    link.client = Transport("client", log)  # type: ignore[assignment]
+    link.runtime_up(Transport("runtime", log))  # type: ignore[arg-type]
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    client.initiate_connection()
+    server.initiate_connection()
+    if window:
+        server.increment_flow_control_window(window)
+    link.data_received(client.data_to_send())
+    link.runtime_data(server.data_to_send())
+    for who, data in log:
+        (server if who == "runtime" else client).receive_data(data)
+    link.data_received(client.data_to_send())
+    link.runtime_data(server.data_to_send())
+    log.clear()
+    return link, client, server
+
+
+def send_call(client: h2.connection.H2Connection, body: bytes, path: str = PATH) -> int:
+    """A request to `path` (CreateContainer) with `body`, HEADERS and DATA queued on `client`: its
+    stream id."""
+    sid: int = client.get_next_available_stream_id()
+    client.send_headers(
+        sid,
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "x"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ],
+    )
+    client.send_data(sid, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
+    return sid
 
 
 def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the_answer() -> None:
@@ -66,13 +152,12 @@ def test_a_hooked_call_takes_one_write_each_way_and_its_post_hook_runs_after_the
 
         link.client.writelines = writelines  # type: ignore[union-attr,method-assign]
         link.runtime_data(server.data_to_send())  # what _RuntimeSide.data_received does
-        # the answer is written first (its frames followed only after); the post hook runs a
-        # moment later, the client woken by the answer gets the CPU first
-        assert [who for who, _ in log] == ["client"] and link.relay.later
+        # the answer is written first (its frames followed only after), then the post hook has
+        # run, in this very turn
+        assert [who for who, _ in log] == ["client", "post"]
         assert unread == [True] and link.core.unread is None and not link.core.answers
-        await until(lambda: len(log) == 2, "the post hook ran")
-        assert [who for who, _ in log] == ["client", "post"] and log[1][1] == b"c1"
-        assert not link.tasks and not link.relay.later
+        assert log[1][1] == b"c1"
+        assert not link.tasks
 
     run(main())
 
@@ -82,10 +167,10 @@ def test_a_post_first_hook_runs_before_its_answer_is_written(reads: str) -> None
     """`Hooks.post_first` (RunPodSandbox, StartContainer): the post hook runs in the turn its answer
     came in, before the answer's write: an answer in a read of its own (passed on before its frames
     are followed) or in one read with another call's (followed first). The hooks after the other
-    calls that end in that read, or wait from an earlier one (`AFTER_WAIT`), run before it, in
-    their order (`straddled`: the start's HEADERS with the other's whole answer). A post-first
-    hook that waits does not hold its answer: it goes on in a task, and the answer is written at
-    once."""
+    calls that end in that read run before it, in their order; in a read that ends no post-first
+    call (`straddled`: the start's HEADERS with the other's whole answer), after their answer as
+    ever. A post-first hook that waits does not hold its answer: it goes on in a task, and the
+    answer is written at once."""
     log: list[tuple[str, bytes]] = []
     gate = asyncio.Event()
 
@@ -408,6 +493,15 @@ def _ready_table(log: list[tuple[str, bytes]]) -> HookTable:
     return table
 
 
+def _answer(server: h2.connection.H2Connection, sid: int, status: str) -> bytes:
+    reply = pb.CreateContainerResponse(container_id="c1").SerializeToString()
+    server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+    if status == "0":
+        server.send_data(sid, b"\0" + len(reply).to_bytes(4, "big") + reply)
+    server.send_headers(sid, [("grpc-status", status)], end_stream=True)
+    return server.data_to_send()
+
+
 @pytest.mark.parametrize("status, hook", [("0", "post"), ("2", "failed")])
 def test_a_ready_requests_after_runs_once_its_answer_is_written_before_the_hook_after_it(
     status: str, hook: str
@@ -429,9 +523,7 @@ def test_a_ready_requests_after_runs_once_its_answer_is_written_before_the_hook_
         assert [who for who, _ in log] == ["runtime"] and link.readied
         server.receive_data(log[0][1])
         log.clear()
-        link.runtime_data(answer_create(server, sid, status))
-        assert [who for who, _ in log] == ["client"]  # they run a moment later (`AFTER_WAIT`)
-        await until(lambda: len(log) == 3, "the hook after the call ran")
+        link.runtime_data(_answer(server, sid, status))
         assert [who for who, _ in log] == ["client", "after", hook]
         sent = pb.CreateContainerRequest.FromString(log[1][1])
         assert sent.config.linux.resources.cpuset_cpus == "3" and sent.pod_sandbox_id == "p"
@@ -473,8 +565,7 @@ def test_a_ready_request_without_an_answer_is_decoded_ready_wait_after_its_write
         assert pb.CreateContainerRequest.FromString(log[2][1]).pod_sandbox_id == "p"
         assert list(link.readied) == [later]  # written 0.1 s later: not due with the first
         log.clear()
-        link.runtime_data(answer_create(server, sid, "0"))
-        await until(lambda: len(log) == 2, "the post hook ran")
+        link.runtime_data(_answer(server, sid, "0"))
         assert [who for who, _ in log] == ["client", "post"]  # decoded before: not again
         assert pb.CreateContainerRequest.FromString(log[1][1]).pod_sandbox_id == "p"
         for _ in range(300):  # deadline 3 s
@@ -483,8 +574,7 @@ def test_a_ready_request_without_an_answer_is_decoded_ready_wait_after_its_write
             await asyncio.sleep(0.01)
         assert [who for who, _ in log] == ["client", "post", "after"] and link.ready_due is None
         log.clear()
-        link.runtime_data(answer_create(server, later, "0"))
-        await until(lambda: len(log) == 2, "the post hook ran")
+        link.runtime_data(_answer(server, later, "0"))
         assert [who for who, _ in log] == ["client", "post"]
 
         log.clear()
@@ -492,7 +582,6 @@ def test_a_ready_request_without_an_answer_is_decoded_ready_wait_after_its_write
         link.data_received(client.data_to_send())
         assert [who for who, _ in log] == ["runtime"] and link.readied
         link.connection_lost(None)  # the client went: its call ends, its failed hook runs
-        await until(lambda: len(log) == 3, "the failed hook ran")
         assert [who for who, _ in log] == ["runtime", "after", "failed"]
         assert link.ready_due is None and not link.readied
         assert link.relay.runner.runs[("CreateContainer", "pre", "ready")] == 3

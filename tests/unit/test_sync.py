@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc.aio
@@ -12,7 +13,14 @@ from cri_api.v1 import api_pb2 as v1
 from cri_api.v1 import api_pb2_grpc as v1_grpc
 from cri_proxy.state.model import ContainerState
 from tests.unit.enforce_support import QOS_LABEL, alloc, node
-from tests.unit.relay_support import run, until
+from tests.unit.relay_support import run
+
+
+async def until(condition: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {within} s: {what}"
+        await asyncio.sleep(0.02)
 
 
 def test_created_and_exited_behind_the_proxys_back_within_a_period(tmp_path: Path) -> None:

@@ -229,7 +229,6 @@ def test_an_operator_pin_survives_a_restart_until_unpinned_or_the_container_is_g
                 rt = n.stub()
                 await rt.StopContainer(v1.StopContainerRequest(container_id=b))
                 await rt.RemoveContainer(v1.RemoveContainerRequest(container_id=b))
-                await n.settle()
                 assert n.proxy.state.container(b) is None and not n.proxy.policy.pins
                 await n.proxy.checkpoints.save()
             saved = checkpoint.load(tmp_path / "state/checkpoint.json")
