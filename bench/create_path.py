@@ -107,6 +107,20 @@ def read_stamps(path: Path, deadline: float = 15.0) -> list[Row]:
     return sorted(rows, key=lambda r: r[1])
 
 
+def _request(
+    rows: list[Row], starts: list[int], t0: int, t1: int, size: int
+) -> tuple[list[Row], Row, Row] | None:
+    """The relay's stamps within a call made at `t0` that returned at `t1`, its request's read (the
+    first client read of `size` bytes or more) and that request's write to the runtime (the relay's
+    next); None when either is not there."""
+    window = rows[bisect.bisect_left(starts, t0) : bisect.bisect_left(starts, t1)]
+    read = next((r for r in window if r[0] == "c" and r[3] >= size), None)
+    if read is None:
+        return None
+    sent = next((r for r in window if r[0] == "wr" and r[1] >= read[1]), None)
+    return None if sent is None else (window, read, sent)
+
+
 def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> None:
     starts = [r[1] for r in rows]
     parts: dict[str, list[int]] = {k: [] for k in ("in", "request", "runtime", "answer", "out", "busy")}
@@ -114,13 +128,10 @@ def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> Non
     for k, t0, t1 in calls:
         if k != "r":
             continue
-        window = rows[bisect.bisect_left(starts, t0) : bisect.bisect_left(starts, t1)]
-        read = next((r for r in window if r[0] == "c" and r[3] >= REQUEST), None)
-        if read is None:
+        found = _request(rows, starts, t0, t1, REQUEST)
+        if found is None:
             continue
-        sent = next((r for r in window if r[0] == "wr" and r[1] >= read[1]), None)
-        if sent is None:
-            continue
+        window, read, sent = found
         answered = [r[1] for r in window if r[0] == "wc" and r[1] > sent[1]]
         if not answered:
             continue
@@ -140,15 +151,9 @@ def report(name: str, calls: list[tuple[str, int, int]], rows: list[Row]) -> Non
     # a start's request: its first client read to the relay's next write to the runtime
     start_requests = []
     for k, t0, t1 in calls:
-        if k != "rs":
-            continue
-        window = rows[bisect.bisect_left(starts, t0) : bisect.bisect_left(starts, t1)]
-        read = next((r for r in window if r[0] == "c"), None)
-        if read is None:
-            continue
-        sent = next((r for r in window if r[0] == "wr" and r[1] >= read[1]), None)
-        if sent is not None:
-            start_requests.append(sent[1] - read[1])
+        found = _request(rows, starts, t0, t1, 0) if k == "rs" else None
+        if found is not None:
+            start_requests.append(found[2][1] - found[1][1])
     if start_requests:
         parts["start's request"] = start_requests
     d = [t1 - t0 for k, t0, t1 in calls if k == "d"]
