@@ -264,6 +264,11 @@ def hooked_create(
     # added p50 with both paths warm, and with both cold
     warm = percentile(p[1::2], 0.5) - percentile(d[0::2], 0.5)
     cold = percentile(p[0::2], 0.5) - percentile(d[1::2], 0.5)
+    # a direct create after one through the relay less one after a direct one: the relay's work
+    # after its answer that lands on the next call whatever its path (on a node, its own next
+    # call): when it is well above zero, the row's added p50 reads lower than the relay costs,
+    # and "on that path" above is the figure to read (docs/performance.md, thirty-fourth round)
+    spill = percentile(d[1::2], 0.5) - percentile(d[0::2], 0.5)
     shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
     paired = statistics.median(b - a for a, b in zip(d, p, strict=True))
     start_line = ""
@@ -274,6 +279,7 @@ def hooked_create(
         f" | added p50 {(pp - dp) * 1e3:.3f} ms ({interval}per block of {size}: "
         f"{', '.join(f'{a:.2f}' for a in added)}; median {statistics.median(added):.3f})"
         f" | paired added median {paired * 1e3:.3f} ms"
+        f" | direct p50 after the relay's create less after a direct one {spill * 1e3:.3f} ms"
     )
     if metrics is None:  # the byte pipe: the floor of any relay here, with none of the proxy's work
         print(
