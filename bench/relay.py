@@ -267,7 +267,7 @@ def hooked_create(
     # a direct create after one through the relay less one after a direct one: the relay's work
     # after its answer that lands on the next call whatever its path (on a node, its own next
     # call): when it is well above zero, the row's added p50 reads lower than the relay costs,
-    # and "on that path" above is the figure to read (docs/performance.md, thirty-fourth round)
+    # and `warm` is the figure to read (docs/performance.md, thirty-fourth round)
     spill = percentile(d[1::2], 0.5) - percentile(d[0::2], 0.5)
     shape = "a pod each" if pod_each else "one pod, each started" if started else "one growing pod"
     paired = statistics.median(b - a for a, b in zip(d, p, strict=True))
