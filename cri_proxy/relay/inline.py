@@ -34,7 +34,10 @@ def start(coro: Coroutine[Any, Any, T]) -> Finished[T] | asyncio.Future[T]:
     """Run `coro` now up to its first wait: Finished when it ended there (an exception it raised
     there propagates, on 3.11), else the task that goes on with it."""
     if EAGER:
-        eager: dict[str, Any] = {"eager_start": True}
+        # the loop given, not left to the task to find: 3.12 and 3.13 up to their fix of CPython
+        # gh-154695 fail an eager task made without one ("'NoneType' object has no attribute
+        # 'is_running'"), before the coroutine's first step
+        eager: dict[str, Any] = {"eager_start": True, "loop": asyncio.get_running_loop()}
         task: asyncio.Task[T] = asyncio.Task(coro, **eager)
         if task.done() and not task.cancelled() and task.exception() is None:
             return Finished(task.result())

@@ -1,82 +1,75 @@
 """inline.start: a coroutine that never waits ends in the caller's turn; one that waits goes on in a
-task, and a cancel of that task reaches the coroutine (its clean-up runs) even before its first step."""
+task, and a cancel of that task reaches the coroutine (its clean-up runs) even before its first step.
+The cases (`inline_cases`) run here and under every other Python 3.11+ this machine has."""
 
 from __future__ import annotations
 
-import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from cri_proxy.relay import inline
+from tests.unit.inline_cases import CASES
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-async def no_wait(log: list[str]) -> int:
-    log.append("ran")
-    return 7
+@pytest.mark.parametrize("case", CASES, ids=[case.__name__ for case in CASES])
+def test_a_case(case: Callable[[], None]) -> None:
+    case()
 
 
-async def waits(gate: asyncio.Event, log: list[str]) -> int:
-    log.append("before")
+def _version(python: str) -> tuple[int, int] | None:
     try:
-        await gate.wait()
-    except asyncio.CancelledError:
-        log.append("cleaned up")
-        raise
-    log.append("after")
-    return 8
+        out = subprocess.run(
+            [python, "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except OSError:
+        return None
+    if out.returncode != 0:  # a pyenv shim of a version not selected, a broken install
+        return None
+    major, minor = out.stdout.split()
+    return int(major), int(minor)
 
 
-def test_a_coroutine_that_never_waits_ends_at_once_without_a_task() -> None:
-    async def main() -> None:
-        log: list[str] = []
-        started = inline.start(no_wait(log))
-        assert started == inline.Finished(7)
-        assert log == ["ran"]  # in this very turn
-
-    asyncio.run(main())
-
-
-def test_a_coroutine_that_waits_runs_up_to_its_wait_then_a_task_finishes_it() -> None:
-    async def main() -> None:
-        log: list[str] = []
-        gate = asyncio.Event()
-        started = inline.start(waits(gate, log))
-        assert isinstance(started, asyncio.Future)
-        assert log == ["before"]
-        gate.set()
-        assert await asyncio.wait_for(started, 5) == 8
-        assert log == ["before", "after"]
-
-    asyncio.run(main())
+def other_pythons() -> list[str]:
+    """One interpreter of each Python 3.11+ version found (PATH, then pyenv's versions), but the
+    version running the tests."""
+    names = [f"python3.{minor}" for minor in range(11, 20)]
+    found = [path for name in names if (path := shutil.which(name))]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    if pyenv.is_dir():
+        found += [str(p) for p in sorted(pyenv.glob("3.*/bin/python3"))]
+    seen = {sys.version_info[:2]}
+    pythons: list[str] = []
+    for python in found:
+        version = _version(python)
+        if version is not None and version >= (3, 11) and version not in seen:
+            seen.add(version)
+            pythons.append(python)
+    return pythons
 
 
-@pytest.mark.parametrize("first_step", [False, True])
-def test_a_cancel_reaches_the_coroutine_before_or_after_the_tasks_first_step(first_step: bool) -> None:
-    async def main() -> None:
-        log: list[str] = []
-        started = inline.start(waits(asyncio.Event(), log))
-        assert isinstance(started, asyncio.Future)
-        if first_step:
-            await asyncio.sleep(0)
-        started.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await started
-        assert log == ["before", "cleaned up"]
-
-    asyncio.run(main())
+OTHERS = other_pythons()
 
 
-def test_an_exception_before_the_first_wait_reaches_the_caller_or_the_task() -> None:
-    async def broken() -> int:
-        raise ValueError("bad")
-
-    async def main() -> None:
-        try:
-            started = inline.start(broken())
-        except ValueError:
-            return  # stepped here (3.11)
-        assert isinstance(started, asyncio.Future)  # an eager task holds it (3.12+)
-        with pytest.raises(ValueError):
-            await started
-
-    asyncio.run(main())
+@pytest.mark.skipif(not OTHERS, reason="no other Python 3.11+ on this machine")
+@pytest.mark.parametrize("python", OTHERS or [""])
+def test_every_case_under_another_python(python: str) -> None:
+    out = subprocess.run(
+        [python, "-m", "tests.unit.inline_cases"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, f"{python}:\n{out.stdout}{out.stderr}"
+    assert "inline cases passed" in out.stdout
