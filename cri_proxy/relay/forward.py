@@ -173,7 +173,10 @@ class Forwarder(GenericHandler):
         runner = self.runner
 
         async def behaviour(request: bytes, context: Context) -> bytes:
-            outcome = await runner.pre(info, hooks, request)
+            try:
+                outcome = await runner.pre(info, hooks, request)
+            except Exception as exc:  # outside the hook's guard: the fail policy still says what follows
+                outcome = runner.crashed(info, hooks, exc)
             if not isinstance(outcome, Forward):
                 await context.abort(CODES[outcome.code], outcome.message)
             message = outcome.request

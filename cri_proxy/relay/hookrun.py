@@ -109,6 +109,17 @@ class HookRunner:
             changed = message
         return Forward(changed.SerializeToString(), changed)
 
+    def crashed(self, info: MethodInfo, hooks: Hooks, exc: BaseException) -> PreOutcome:
+        """The pre hook's run ended in an exception outside its own guard (the runner, or the task
+        that runs it): counted and logged like a failed hook, and the call ended by the fail
+        policy (the request goes on as it came, unseen by the hooks after it, or is refused)."""
+        self.runs[(info.name, "pre", "error")] += 1
+        logger.opt(exception=exc).error("{}: pre hook could not run: {}", info.path, exc)
+        if self._policy(hooks) is FailPolicy.FAIL:
+            code = grpc.StatusCode.INTERNAL.value[0]
+            return Refuse(code, f"cri-proxy: {info.name} hook could not run: {exc}")
+        return Forward(None, None)
+
     def readied(self, info: MethodInfo, ready: Ready, raw: bytes) -> Message | None:
         """A request that went on with what its hooks had ready (`Hooks.ready`), as `raw`: decoded
         now for `ready.after` and returned for the hooks after the call; counted as the pre hook's

@@ -481,6 +481,7 @@ class Link(asyncio.Protocol):
         try:
             started = inline.start(hook)
         except Exception as exc:  # a bug outside the hook's guard: logged; the link lives on
+            hook.close()
             logger.opt(exception=exc).error("hook after a call failed: {}", exc)
             return
         if not isinstance(started, inline.Finished):
@@ -492,27 +493,30 @@ class Link(asyncio.Protocol):
         runner = self.relay.runner
         if event.message is None:
             return self._pre_done(event.stream, runner.unreadable(event.info, event.why, event.hooks))
+        hook = runner.pre(event.info, event.hooks, event.message)
         try:
-            started = inline.start(runner.pre(event.info, event.hooks, event.message))
-        except Exception as exc:  # a bug outside the hook's guard: logged; the link lives on
-            logger.opt(exception=exc).error("pre hook failed: {}", exc)
-            return
+            started = inline.start(hook)
+        except Exception as exc:  # outside the hook's guard (the runner, the task's start): the call
+            hook.close()  # still ends, as the fail policy says, instead of waiting for good
+            return self._pre_done(event.stream, runner.crashed(event.info, event.hooks, exc))
         if isinstance(started, inline.Finished):
             return self._pre_done(event.stream, started.value)
         self.pres[event.stream] = started
         self.tasks.add(started)
-        started.add_done_callback(partial(self._pre_ended, event.stream))
+        started.add_done_callback(partial(self._pre_ended, event))
 
-    def _pre_ended(self, stream: int, task: asyncio.Future[PreOutcome]) -> None:
+    def _pre_ended(self, event: RunPre, task: asyncio.Future[PreOutcome]) -> None:
         self.tasks.discard(task)
-        self.pres.pop(stream, None)
+        self.pres.pop(event.stream, None)
         if task.cancelled():
-            self.core.hook_cancelled(stream)
-        elif task.exception() is not None:
-            exc = task.exception()
-            logger.opt(exception=exc).error("pre hook task failed: {}", exc)
+            self.core.hook_cancelled(event.stream)
+            return
+        exc = task.exception()
+        if exc is not None:  # as in `_pre`: the call ends all the same
+            outcome = self.relay.runner.crashed(event.info, event.hooks, exc)
         else:
-            self._pre_done(stream, task.result())
+            outcome = task.result()
+        self._pre_done(event.stream, outcome)
 
     def _pre_done(self, stream: int, outcome: PreOutcome) -> None:
         if isinstance(outcome, Forward):
