@@ -368,11 +368,18 @@ class Link(asyncio.Protocol):
             self.relay.report()
 
     def _write(self) -> None:
+        """What the core has for each side, written; dropped for a side whose transport is closing
+        (shut by the link, or lost: a write there raises on uvloop, and on 3.12's and 3.13.0's own
+        loop once closed)."""
         core = self.core
         if core.out_r and self.runtime is not None:
-            self.runtime.writelines(core.take_runtime())
+            out = core.take_runtime()
+            if not self.runtime.is_closing():
+                self.runtime.writelines(out)
         if core.out_c and self.client is not None:
-            self.client.writelines(core.take_client())
+            out = core.take_client()
+            if not self.client.is_closing():
+                self.client.writelines(out)
 
     def _decode_more(self) -> None:
         self.decode_soon = None
