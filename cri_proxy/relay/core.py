@@ -1064,7 +1064,7 @@ class LinkCore:
                 self.dropping.discard(sid)
                 self._ended_while_decoding(sid)
             elif ftype == wire.GOAWAY:
-                keep = self._runtime_goaway(buf, at, end, start)
+                keep = self._runtime_goaway(buf, at, end)
             elif ftype == wire.PING and self._pings_wait():
                 keep = self._runtime_ping(flags, sid, buf, at, end, start)
             if not keep:
@@ -1353,22 +1353,21 @@ class LinkCore:
             return
         self._answer_held()
 
-    def _runtime_goaway(self, buf: Buf, at: int, end: int, start: int) -> bool:
-        """A GOAWAY with an error ends every open call: end them first, naming the runtime."""
-        payload = buf[at + wire.HEADER_LEN : end]
+    def _runtime_goaway(self, buf: Buf, at: int, end: int) -> bool:
+        """The runtime's GOAWAY goes to the client as it came, whatever its code. The calls above its
+        last stream it never took: the client, told so by the same frame, counts them as refused
+        (a gRPC client tries them again), so they end here unanswered, their hooks' failure path
+        run. The others end as the runtime answers them, or when it closes (`runtime_lost`), as
+        they would directly."""
         self.goaway_sent = True
-        code = int.from_bytes(payload[4:8], "big") if len(payload) >= 8 else wire.NO_ERROR
-        if code == wire.NO_ERROR or not self.streams:
-            return True
-        self._span(buf, start, at)
-        text = bytes(payload[8:]).decode("utf-8", "replace")
-        self._end_calls(
-            UNAVAILABLE,
-            f"cri-proxy: runtime {self.runtime_name} closed the connection (HTTP/2 error {code}: {text})",
-            answer=not self.r_block.open,
-        )
-        self.out_c.append(buf[at:end])
-        return False
+        payload = buf[at + wire.HEADER_LEN : end]
+        if len(payload) >= 8:  # a shorter one goes as it came too: the client judges it
+            last = int.from_bytes(payload[:4], "big") & wire.MAX_WINDOW
+            for sid in [sid for sid in self.streams if sid > last]:
+                self._call_ended(self.streams.pop(sid), UNAVAILABLE)
+                if self.stalled == sid:
+                    self.stalled = 0
+        return True
 
     def _runtime_broke(self, why: str) -> None:
         """The runtime sent what the relay cannot follow: end the client's calls, GOAWAY, close."""

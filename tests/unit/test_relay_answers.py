@@ -204,3 +204,56 @@ def test_answers_not_read_when_the_runtime_is_lost_count_as_answered() -> None:
     assert pair.measured == [(CREATE, 0), (CREATE, UNAVAILABLE)]
     assert pair.core.closing and not pair.core.answers
     assert still_open not in pair.core.streams
+
+
+def _frames(data: bytes) -> list[tuple[int, int]]:
+    """(type, stream) of each whole frame in `data`."""
+    out, at = [], 0
+    while at + wire.HEADER_LEN <= len(data):
+        size = int.from_bytes(data[at : at + 3], "big")
+        out.append((data[at + 3], int.from_bytes(data[at + 5 : at + 9], "big") & wire.MAX_WINDOW))
+        at += wire.HEADER_LEN + size
+    return out
+
+
+def test_trailers_then_a_reset_in_one_read_end_the_call_as_the_trailers_say() -> None:
+    """A runtime may follow a call's trailers with RST_STREAM (NO_ERROR), as gRPC's C core does
+    with a client that has not half-closed: in one read, the answer counts, not the reset (its
+    trailers ended the call, even when they are read after the write): the post hook runs, the
+    call is measured OK, not CANCELLED."""
+    for later in (True, False):
+        pair = Pair()
+        sid = pair.hooked_call()
+        reset = wire.frame(wire.RST_STREAM, 0, sid, (0).to_bytes(4, "big"))
+        pair.core.receive_from_runtime(pair.answer(sid) + reset, answers_later=later)
+        pair.to_client()
+        pair.core.read_answers()
+        assert [type(e) for e in pair.core.take_events()] == [RunPost], later
+        assert pair.measured == [(CREATE, 0)]
+        assert pair.client_statuses() == {sid: b"0"}
+
+
+def test_calls_above_the_runtimes_goaway_end_unanswered_and_roll_back() -> None:
+    """The runtime's GOAWAY names the last stream it took. The client gets the frame as it came, and
+    counts the calls above it as refused: the core ends those without a word to the client (their
+    failure path runs, UNAVAILABLE), now and when the runtime closes. The call at or below it is
+    answered as the runtime answers it."""
+    pair = Pair()
+    first, second, third = pair.hooked_call(), pair.hooked_call(), pair.hooked_call()
+    answer = pair.answer(first)  # sent after its GOAWAY, as a runtime finishing what it took
+    pair.core.receive_from_runtime(wire.goaway(first, wire.NO_ERROR) + answer, answers_later=True)
+    written = b"".join(bytes(c) for c in pair.core.take_client())
+    pair.core.read_answers()
+    events = pair.core.take_events()
+    assert [(type(e), e.stream) for e in events] == [
+        (RunFailed, second),
+        (RunFailed, third),
+        (RunPost, first),
+    ]
+    assert all(e.code == UNAVAILABLE for e in events if isinstance(e, RunFailed))
+    pair.core.runtime_lost(": connection reset")
+    written += b"".join(bytes(c) for c in pair.core.take_client())
+    frames = _frames(written)
+    assert frames[0] == (wire.GOAWAY, 0)
+    assert {sid for _, sid in frames[1:]} == {first}  # nothing on the refused ones, then or later
+    assert not pair.core.take_events() and not pair.core.streams

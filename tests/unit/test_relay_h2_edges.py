@@ -5,6 +5,7 @@ that come compressed, padded or with trailers, and a runtime lost mid-call."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import select
 import socket
@@ -29,7 +30,7 @@ from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.methods import MethodInfo
 from tests import h2raw
 from tests.h2raw import request_headers
-from tests.unit.relay_support import bed, run
+from tests.unit.relay_support import RawRuntime, bed, run
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
@@ -328,42 +329,56 @@ def test_a_table_size_change_binds_only_once_acknowledged() -> None:
     run(main())
 
 
+class CrashingRuntime(RawRuntime):
+    """A raw HTTP/2 runtime that takes requests, answers none, and drops the connection when told
+    (`crash`): no GOAWAY, no trailers, as a runtime that was killed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[int] = []  # streams whose request it read whole
+        self.writer: asyncio.StreamWriter | None = None
+
+    def __repr__(self) -> str:
+        return f"CrashingRuntime(ended={self.ended})"
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        conn.initiate_connection()
+        self.writer = writer
+        writer.write(conn.data_to_send())
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded):
+                        self.ended.append(event.stream_id)
+                writer.write(conn.data_to_send())
+                self.changed.set()
+
+    def crash(self) -> None:
+        assert self.writer is not None
+        self.writer.transport.abort()
+
+
 def test_calls_open_when_the_runtime_is_lost_run_their_failed_hooks() -> None:
     """Issue 13: the runtime connection drops with CreateContainer calls open: each is answered
     UNAVAILABLE and its failed hook runs (UNAVAILABLE), so no record stays pending."""
     failed: list[grpc.StatusCode] = []
     seen: list[Message] = []
-    arrived = asyncio.Event
 
     async def main() -> None:
-        got = arrived()
-
-        class Stuck(grpc.GenericRpcHandler):  # type: ignore[type-arg]
-            def service(self, details: Any) -> Any:
-                async def hang(request: bytes, context: Any) -> bytes:
-                    got.set()
-                    await asyncio.sleep(60)
-                    return b""
-
-                return grpc.unary_unary_rpc_method_handler(hang)
-
-        from tests.unit.relay_support import raw_server
-
-        holder: dict[str, grpc.aio.Server] = {}
-
-        async def upstream(endpoint: str) -> grpc.aio.Server:
-            holder["s"] = await raw_server(endpoint, Stuck())
-            return holder["s"]
-
-        async with bed(_hooks(seen, failed), upstream=upstream) as b, b.channel() as ch:
+        runtime = CrashingRuntime()
+        async with (
+            bed(_hooks(seen, failed), start_runtime=False) as b,
+            runtime.serving(b),
+            b.channel() as ch,
+        ):
             create = ch.unary_unary(CREATE, request_serializer=v1.CreateContainerRequest.SerializeToString)
             calls = [asyncio.ensure_future(create(_create("s", f"c{i}"), timeout=10)) for i in range(3)]
-            await asyncio.wait_for(got.wait(), 5)
-            while len(seen) < 3:
-                await asyncio.sleep(0.01)
-            await holder["s"].stop(0)
+            await runtime.until(lambda: len(runtime.ended) == 3)
+            assert len(seen) == 3
+            runtime.crash()
             results = await asyncio.gather(*calls, return_exceptions=True)
-            assert all(isinstance(r, grpc.aio.AioRpcError) for r in results)
+            assert all(isinstance(r, grpc.aio.AioRpcError) for r in results), results
             assert {r.code() for r in results if isinstance(r, grpc.aio.AioRpcError)} == {
                 grpc.StatusCode.UNAVAILABLE
             }
