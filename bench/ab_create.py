@@ -15,6 +15,7 @@ block of the run, and the paired median of this checkout minus the other.
     .venv/bin/python bench/ab_create.py --against /tmp/base --start -n 300  # create, start, create, ...
     .venv/bin/python bench/ab_create.py --against /tmp/base --call version -n 5000   # tiny calls
     .venv/bin/python bench/ab_create.py --against /tmp/base --call version -n 15 --run 1000
+    .venv/bin/python bench/ab_create.py --against . --against-cli /tmp/v313/bin/cri-proxy  # Pythons
 
 With `--run K` each path gets K calls in a row per turn (`--twice`: 2): a connection's own
 housekeeping (a PING's ACK the client sends alone after a call, say) then costs that path's next
@@ -52,11 +53,17 @@ WARM = 20  # rounds not counted (connections, caches, the first plans)
 
 
 def start_pair(
-    work: Path, endpoint: str, against: Path, serve_args: list[str], procs: list[Any]
+    work: Path,
+    endpoint: str,
+    against: Path,
+    serve_args: list[str],
+    procs: list[Any],
+    against_cli: str | None = None,
 ) -> dict[str, Target]:
-    """Proxy a (this checkout) and b (`against`) in front of `endpoint`, their processes put in `procs`."""
+    """Proxy a (this checkout) and b (`against`, run by `against_cli` when given) in front of
+    `endpoint`, their processes put in `procs`."""
     targets: dict[str, Target] = {}
-    for name, code in (("a", ROOT), ("b", against)):
+    for name, code, cli in (("a", ROOT, None), ("b", against, against_cli)):
         where = work / name
         where.mkdir()
         config = where / "proxy.toml"
@@ -65,7 +72,7 @@ def start_pair(
         os.environ["PYTHONPATH"] = str(code)
         try:
             proc, address = start_proxy(
-                where, endpoint, "--config", str(config), *serve_args, log=where / "proxy.log"
+                where, endpoint, "--config", str(config), *serve_args, log=where / "proxy.log", cli=cli
             )
         finally:
             if saved is None:
@@ -207,6 +214,11 @@ def main() -> None:
     )
     parser.add_argument("--gap", type=float, default=0.0, help="seconds between calls (not timed)")
     parser.add_argument("--serve-args", default="", help="more `cri-proxy serve` flags for both proxies")
+    parser.add_argument(
+        "--against-cli",
+        default=None,
+        help="the `cri-proxy` script proxy b runs from: another venv's, say on another Python",
+    )
     args = parser.parse_args()
     run = 2 if args.twice else args.run
     if run < 1:
@@ -218,9 +230,14 @@ def main() -> None:
     with runtime(args.runtime, work, args.runtime_root) as address:
         procs: list[Any] = []
         try:
-            targets = start_pair(work, address, args.against, args.serve_args.split(), procs)
+            targets = start_pair(
+                work, address, args.against, args.serve_args.split(), procs, args.against_cli
+            )
             targets["d"] = Target(address)
-            names = {"a": str(ROOT), "b": str(args.against)}
+            names = {
+                "a": str(ROOT),
+                "b": str(args.against) + (f" ({args.against_cli})" if args.against_cli else ""),
+            }
             if args.call == "version":
                 print(f"Version x{args.n} x{run} on {args.runtime}, gap {args.gap} s; logs in {work}")
                 report(version_rounds(targets, args.n, args.gap, run), names)

@@ -63,11 +63,15 @@ def start_proxy(
     listen: Path | None = None,
     state_dir: Path | None = None,
     log: Path | None = None,
+    cli: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`cri-proxy serve` in front of `runtime_endpoint` (state in `work`), answering: (process, endpoint).
-    `log`: its output goes to that file instead of the bench's terminal."""
+    `log`: its output goes to that file instead of the bench's terminal. `cli`: another install's
+    `cri-proxy` script (another venv, another Python) instead of this one's."""
     sock = listen or work / "proxy.sock"
     argv = serve_command(work, runtime_endpoint, *extra, listen=sock, state_dir=state_dir)
+    if cli:
+        argv[0] = cli
     if log is None:
         proc = subprocess.Popen(argv)
     else:

@@ -21,6 +21,7 @@ and with `--started`, per relayed start, "start's request": its first read to it
 for the runtime's socket (where work put off from the create would show).
 
     .venv/bin/python bench/create_path.py --started --runtime-root /dev/shm   # ~2 minutes, root
+    .venv/bin/python bench/create_path.py --started --proxy-cli /tmp/v313/bin/cri-proxy  # another Python
 
 The relays are measured one after the other, not interleaved with each other: compare each with
 its own direct creates. `docs/performance.md` (thirty-first and thirty-second rounds) has its figures.
@@ -174,6 +175,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=150, help="creates per path and relay (default 150)")
     parser.add_argument("--started", action="store_true", help="start each container after its create")
     parser.add_argument("--runtime-root", help="containerd's root directory (e.g. /dev/shm)")
+    parser.add_argument(
+        "--proxy-cli", help="another venv's `cri-proxy` to run the proxy from (another Python)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("create_path.py needs root: it runs a private containerd")
@@ -189,7 +193,9 @@ def main() -> None:
             [str(ROOT / "bench" / "stamps"), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         try:
-            proxy, proxy_address = start_proxy(work, address, "--config", str(config), log=work / "proxy.log")
+            proxy, proxy_address = start_proxy(
+                work, address, "--config", str(config), log=work / "proxy.log", cli=args.proxy_cli
+            )
         finally:
             del os.environ["CRI_BENCH_STAMPS"]
         procs.append(proxy)

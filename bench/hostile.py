@@ -2,6 +2,7 @@
 
 Usage (root, a private containerd around it):
     .venv/bin/python bench/with_containerd.py .venv/bin/python bench/hostile.py [--seconds 4] [--only NAME]
+        [--proxy-cli OTHER-VENV/bin/cri-proxy]
 
 Each client is bounded in time and bytes and talks to a unix socket only. For each client and target it
 prints the target's RSS before (baseline), the peak while the client runs, and 3 s after it has left.
@@ -173,11 +174,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4.0, help="how long each client runs (default 4)")
     ap.add_argument("--only", action="append", choices=sorted(CLIENTS), help="run only these clients")
+    ap.add_argument("--proxy-cli", default=None, help="another venv's `cri-proxy` (say on another Python)")
     args = ap.parse_args()
     ctrd_sock, ctrd_pid = os.environ["CONTAINERD_SOCK"], int(os.environ["CONTAINERD_PID"])
     tmp = Path(tempfile.mkdtemp(prefix="hostile-"))
     proxy, _ = start_proxy(
-        tmp, f"unix://{ctrd_sock}", "--relay-mode", "frames", listen=tmp / "p.sock", log=tmp / "proxy.log"
+        tmp,
+        f"unix://{ctrd_sock}",
+        "--relay-mode",
+        "frames",
+        listen=tmp / "p.sock",
+        log=tmp / "proxy.log",
+        cli=args.proxy_cli,
     )
     try:
         for name in args.only or CLIENTS:

@@ -9,6 +9,7 @@ prints p50/p99 per path and the proxy/direct ratio. Runs against a private real 
     .venv/bin/python bench/relay.py --runtime fake  # no root needed
     .venv/bin/python bench/relay.py --floor         # and the create rows through a byte pipe
     .venv/bin/python bench/relay.py --floor --runtime-root /dev/shm  # containerd on tmpfs
+    .venv/bin/python bench/relay.py --proxy-cli /tmp/v313/bin/cri-proxy  # the proxy on another Python
 
 The hooked CreateContainer row separates the relay from the hook: the proxy's own counters
 (`cri_proxy_hook_seconds` / `cri_proxy_hook_runs` on its /metrics) give the hooks' mean time per
@@ -381,6 +382,11 @@ def main() -> None:
         "--relay-mode", choices=("grpc", "frames"), default=None, help="passed to `cri-proxy serve`"
     )
     parser.add_argument(
+        "--proxy-cli",
+        default=None,
+        help="the `cri-proxy` script of another venv (say one on another Python) to run the proxy from",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="the create rows again through a byte pipe (bench/pipe.py): what any relay adds here",
@@ -394,6 +400,16 @@ def main() -> None:
             run(args, work, runtime_address, procs)
         finally:
             stop_all(procs)
+
+
+def proxy_python(cli: str | None) -> str:
+    """The Python version the proxy runs on: this one's, or that of `cli`'s venv."""
+    if not cli:
+        return sys.version.split()[0]
+    python = Path(cli).parent / "python"
+    script = "import sys; print(sys.version.split()[0])"
+    version = subprocess.run([str(python), "-c", script], capture_output=True)
+    return version.stdout.decode().strip() or f"? ({python})"
 
 
 def run(
@@ -416,6 +432,7 @@ def run(
         metrics,
         *relay_mode,
         log=work / "proxy.log",
+        cli=args.proxy_cli,
     )
     procs.append(proxy_proc)
     global PROXY_PID
@@ -425,7 +442,8 @@ def run(
         f"runtime: {args.runtime} ({runtime_address}, its root in {args.runtime_root or '/tmp'});"
         f" proxy pid {proxy_proc.pid}"
         f" (relay mode {args.relay_mode or 'default'}; log {work / 'proxy.log'}); "
-        f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs",
+        f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs"
+        f"; proxy python {proxy_python(args.proxy_cli)}",
         flush=True,
     )
     rss_start = rss_kib(proxy_proc.pid)
