@@ -6,6 +6,7 @@ in the bench's temp directory (`tests.processes.serve_command`), never the node'
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -26,6 +27,7 @@ from tests.processes import CLI, serve_command  # noqa: E402
 __all__ = [
     "CLI",
     "ROOT",
+    "add_proxy_cli",
     "proc_figures",
     "rss_kib",
     "runtime",
@@ -34,6 +36,15 @@ __all__ = [
     "stop_all",
     "wait_socket",
 ]
+
+
+def add_proxy_cli(parser: argparse.ArgumentParser) -> None:
+    """`--proxy-cli`: the bench's proxy run from another install (`start_proxy`'s `cli`)."""
+    parser.add_argument(
+        "--proxy-cli",
+        default=None,
+        help="another venv's `cri-proxy` script to run the proxy from (say one on another Python)",
+    )
 
 
 def wait_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:

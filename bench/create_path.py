@@ -43,7 +43,7 @@ from typing import Any
 
 import grpc
 import pipe
-from common import ROOT, runtime, start_proxy, stop_all
+from common import ROOT, add_proxy_cli, runtime, start_proxy, stop_all
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
@@ -175,9 +175,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=150, help="creates per path and relay (default 150)")
     parser.add_argument("--started", action="store_true", help="start each container after its create")
     parser.add_argument("--runtime-root", help="containerd's root directory (e.g. /dev/shm)")
-    parser.add_argument(
-        "--proxy-cli", help="another venv's `cri-proxy` to run the proxy from (another Python)"
-    )
+    add_proxy_cli(parser)
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("create_path.py needs root: it runs a private containerd")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import rss_kib, start_proxy
+from common import add_proxy_cli, rss_kib, start_proxy
 from hpack import Encoder
 from hyperframe.frame import ContinuationFrame, DataFrame, HeadersFrame, SettingsFrame
 
@@ -174,7 +174,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4.0, help="how long each client runs (default 4)")
     ap.add_argument("--only", action="append", choices=sorted(CLIENTS), help="run only these clients")
-    ap.add_argument("--proxy-cli", default=None, help="another venv's `cri-proxy` (say on another Python)")
+    add_proxy_cli(ap)
     args = ap.parse_args()
     ctrd_sock, ctrd_pid = os.environ["CONTAINERD_SOCK"], int(os.environ["CONTAINERD_PID"])
     tmp = Path(tempfile.mkdtemp(prefix="hostile-"))

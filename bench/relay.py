@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import ROOT, free_port, proc_figures, rss_kib, runtime, start_proxy, stop_all
+from common import ROOT, add_proxy_cli, free_port, proc_figures, rss_kib, runtime, start_proxy, stop_all
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
@@ -381,11 +381,7 @@ def main() -> None:
     parser.add_argument(
         "--relay-mode", choices=("grpc", "frames"), default=None, help="passed to `cri-proxy serve`"
     )
-    parser.add_argument(
-        "--proxy-cli",
-        default=None,
-        help="the `cri-proxy` script of another venv (say one on another Python) to run the proxy from",
-    )
+    add_proxy_cli(parser)
     parser.add_argument(
         "--floor",
         action="store_true",
