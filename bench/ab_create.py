@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, runtime, start_proxy, stop_all
+from common import ROOT, idle_setting, runtime, start_proxy, stop_all
 from relay import Target
 
 from cri_api.v1 import api_pb2 as pb
@@ -239,7 +239,10 @@ def main() -> None:
                 "b": str(args.against) + (f" ({args.against_cli})" if args.against_cli else ""),
             }
             if args.call == "version":
-                print(f"Version x{args.n} x{run} on {args.runtime}, gap {args.gap} s; logs in {work}")
+                print(
+                    f"Version x{args.n} x{run} on {args.runtime}, gap {args.gap} s; "
+                    f"{idle_setting()}; logs in {work}"
+                )
                 report(version_rounds(targets, args.n, args.gap, run), names)
                 return
             shape = (
@@ -247,7 +250,10 @@ def main() -> None:
                 + (f", {run} in a row" if run > 1 else "")
                 + (", each started" if args.start else "")
             )
-            print(f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; logs in {work}")
+            print(
+                f"CreateContainer x{args.n} on {args.runtime}, {shape}, gap {args.gap} s; "
+                f"{idle_setting()}; logs in {work}"
+            )
             report(rounds(targets, args.n, args.pod_each, args.gap, run, args.start), names)
         finally:
             stop_all(procs)

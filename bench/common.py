@@ -28,6 +28,7 @@ __all__ = [
     "CLI",
     "ROOT",
     "add_proxy_cli",
+    "idle_setting",
     "proc_figures",
     "rss_kib",
     "runtime",
@@ -45,6 +46,24 @@ def add_proxy_cli(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="another venv's `cri-proxy` script to run the proxy from (say one on another Python)",
     )
+
+
+def idle_setting() -> str:
+    """How this machine's idle CPUs wake, for the bench's header: the wake-up cost of a halted vCPU
+    is in every relay row (a proxy adds wakes), and a VM guest can poll before it halts.
+    """
+    cpuidle = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+    poll = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    try:
+        driver = cpuidle.read_text().strip()
+    except OSError:
+        return "cpuidle driver unknown"
+    if driver != "haltpoll":
+        return f"cpuidle driver {driver}"
+    try:
+        return f"cpuidle driver haltpoll, guest_halt_poll_ns {poll.read_text().strip()}"
+    except OSError:
+        return "cpuidle driver haltpoll"
 
 
 def wait_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:

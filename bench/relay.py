@@ -44,7 +44,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import ROOT, add_proxy_cli, free_port, proc_figures, rss_kib, runtime, start_proxy, stop_all
+from common import (
+    ROOT,
+    add_proxy_cli,
+    free_port,
+    idle_setting,
+    proc_figures,
+    rss_kib,
+    runtime,
+    start_proxy,
+    stop_all,
+)
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
@@ -439,6 +449,7 @@ def run(
         f" proxy pid {proxy_proc.pid}"
         f" (relay mode {args.relay_mode or 'default'}; log {work / 'proxy.log'}); "
         f"python {sys.version.split()[0]}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs"
+        f" ({idle_setting()})"
         f"; proxy python {proxy_python(args.proxy_cli)}",
         flush=True,
     )
