@@ -19,8 +19,11 @@ from cri_proxy.defaults import DEFAULT_LISTEN as DEFAULT_LISTEN
 from cri_proxy.defaults import DEFAULT_RUNTIME_ENDPOINT as DEFAULT_RUNTIME_ENDPOINT
 from cri_proxy.endpoints import admin_endpoint_beside, socket_path
 from cri_proxy.errors import ConfigError, CpuError, EndpointError
+from cri_proxy.files import read_small, text_of
 
 MIB = 1024 * 1024
+MAX_CONFIG_BYTES = MIB
+"""1 MiB: a config file is a few hundred bytes; more is not a config file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,14 +237,16 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     """Defaults <- file (absent default file is fine) <- overrides (flags that were given)."""
     values: dict[str, Any] = {}
     file = path if path is not None else DEFAULT_CONFIG_FILE
-    try:
-        text = file.read_text()
+    try:  # bounded and never blocking: a FIFO or /dev/zero named here must not hang the start
+        text = text_of(read_small(file, MAX_CONFIG_BYTES, devices=True), file)
     except FileNotFoundError:
         if path is not None and path != DEFAULT_CONFIG_FILE:
             raise ConfigError(f"config file {file} does not exist") from None
         text = ""
     except OSError as exc:
         raise ConfigError(f"config file {file}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"config file {exc}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

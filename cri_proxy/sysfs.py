@@ -13,16 +13,24 @@ from pathlib import Path
 from cri_proxy.cpu.cpuset import CPUSet
 from cri_proxy.cpu.topology import Topology
 from cri_proxy.errors import CpuError, SysfsError
+from cri_proxy.files import read_small, text_of
 
 DEFAULT_ROOT = Path("/sys")
 _NODE_DIR = re.compile(r"node(\d+)", re.ASCII)
 
 
+MAX_BYTES = 64 * 1024
+"""A CPU list of a 4,096-CPU machine is far shorter; a tree built by hand may hold anything."""
+
+
 def _read(path: Path) -> str:
+    """Bounded and never blocking (a test's tree may hold a FIFO or /dev/zero in its place)."""
     try:
-        return path.read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SysfsError(f"cannot read {path}: {e}") from None
+        return text_of(read_small(path, MAX_BYTES), path)
+    except OSError as e:
+        raise SysfsError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise SysfsError(f"cannot read {e}") from None
 
 
 def _cpulist(path: Path) -> CPUSet:
@@ -54,8 +62,8 @@ def read_topology(root: Path | str = DEFAULT_ROOT) -> Topology:
     for cpu in online:
         path = base / "cpu" / f"cpu{cpu}" / "topology" / "physical_package_id"
         try:
-            text = path.read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
+            text = _read(path).strip()
+        except SysfsError:
             continue
         try:
             package = int(text)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,6 +22,7 @@ from google.protobuf.message import Message
 from cri_proxy.client import api_modules
 from cri_proxy.ctl.conn import Conn
 from cri_proxy.ctl.errors import CtlError
+from cri_proxy.files import text_of
 
 SERVICES = ("RuntimeService", "ImageService")
 VERSIONS = ("v1", "v1alpha2")
@@ -86,10 +88,11 @@ def _request_text(value: str) -> str:
         return sys.stdin.read()
     if value.startswith("@"):
         try:
-            with open(value[1:]) as handle:
-                return handle.read()
+            return text_of(Path(value[1:]).read_bytes(), value[1:])
         except OSError as exc:
             raise CtlError(f"request file {value[1:]}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise CtlError(f"request file {exc}") from None
     return value
 
 

@@ -17,15 +17,18 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from cri_proxy.ctl.errors import CtlError
+from cri_proxy.files import text_of
 
 
 def read_document(path: str) -> Any:
     try:
-        text = Path(path).read_text()
+        text = text_of(Path(path).read_bytes(), path)
     except FileNotFoundError:
         raise CtlError(f"config at {path} not found") from None
     except OSError as exc:
         raise CtlError(f"config at {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CtlError(f"config at {exc}") from None
     try:
         return json.loads(text)
     except ValueError:

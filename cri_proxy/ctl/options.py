@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from cri_proxy.ctl.errors import CtlError
 from cri_proxy.defaults import DEFAULT_CONFIG_FILE, DEFAULT_LISTEN
 from cri_proxy.endpoints import DEFAULT_ADMIN_ENDPOINT, admin_endpoint_beside
+from cri_proxy.files import text_of
 
 DEFAULT_CRICTL_CONFIG = Path("/etc/crictl.yaml")
 DEFAULT_TIMEOUT = 10.0
@@ -144,13 +145,15 @@ def add_global_flags(parser: argparse.ArgumentParser) -> None:
 def read_crictl_config(path: Path, explicit: bool) -> dict[str, Any]:
     """The keys of crictl's YAML config; a missing default file is no error, a bad file is."""
     try:
-        text = path.read_text()
+        text = text_of(path.read_bytes(), path)
     except FileNotFoundError:
         if explicit:
             raise CtlError(f"config file {path} does not exist") from None
         return {}
     except OSError as exc:
         raise CtlError(f"config file {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CtlError(f"config file {exc}") from None
     if not text.strip():
         return {}
     import yaml

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cri_proxy.cpu import KubeletState, Problem, ProblemKind, parse_kubelet_state_text
 from cri_proxy.errors import KubeletStateError
+from cri_proxy.files import kind, read_small
 
 MAX_BYTES = 1024 * 1024
 """1 MiB: a real file is a few KiB (a 256-CPU node with hundreds of pinned containers stays far below)."""
@@ -51,49 +52,8 @@ class Unusable:
 Outcome = Missing | Unchanged | Read | Unusable
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _signature(st: os.stat_result) -> Signature:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def read_regular(path: Path, limit: int = MAX_BYTES) -> bytes:
-    """The bytes of `path` when it is a regular file of at most `limit` bytes; else OSError/ValueError.
-
-    Opened with O_NONBLOCK (a FIFO opens at once instead of waiting for a writer) and checked with
-    fstat on the open descriptor (no swap between a check and the open); reads at most limit + 1.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is {_kind(st.st_mode)}, not a regular file")
-        if st.st_size > limit:
-            raise ValueError(f"{path} is {st.st_size} bytes, more than the {limit} read")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:  # it grew after the fstat
-            raise ValueError(f"{path} is more than {limit} bytes")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def load(path: Path, seen: Signature | None) -> Outcome:
@@ -108,9 +68,9 @@ def load(path: Path, seen: Signature | None) -> Outcome:
     if signature == seen:
         return Unchanged()
     if not stat.S_ISREG(st.st_mode):
-        return Unusable(signature, f"{path} is {_kind(st.st_mode)}, not a regular file")
+        return Unusable(signature, f"{path} is {kind(st.st_mode)}, not a regular file")
     try:
-        text = read_regular(path)
+        text = read_small(path, MAX_BYTES)
     except ValueError as exc:
         return Unusable(signature, str(exc))
     except OSError as exc:

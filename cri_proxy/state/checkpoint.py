@@ -24,9 +24,13 @@ from google.protobuf.message import DecodeError
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.cpu import CPUSet
 from cri_proxy.errors import CheckpointError, CpuError
+from cri_proxy.files import read_small
 from cri_proxy.state.model import ContainerRecord, ContainerState, NodeState, PodRecord
 
 VERSION = 1
+MAX_BYTES = 256 * 1024 * 1024
+"""256 MiB: a pod's record is at most ~256 KiB (the API server's cap on its annotations), a
+container's well under 2 KiB: room for a thousand pods at that cap. A bigger file is not ours."""
 PathLike: TypeAlias = str | os.PathLike[str]
 Records: TypeAlias = tuple[list[PodRecord], list[ContainerRecord]]
 T = TypeVar("T")
@@ -149,13 +153,14 @@ def save(
 def load(path: PathLike) -> Records | None:
     """The checkpoint's (pods, containers); None when the file does not exist."""
     target = os.fspath(path)
-    try:
-        with open(target, "rb") as f:
-            raw = f.read()
+    try:  # never blocking on a FIFO left in its place, never reading without bound
+        raw = read_small(target, MAX_BYTES)
     except FileNotFoundError:
         return None
     except OSError as err:
         raise CheckpointError(f"cannot read checkpoint {target}: {err.strerror or err}") from err
+    except ValueError as err:
+        raise CheckpointError(f"cannot read checkpoint: {err}") from None
     try:
         return loads(raw)
     except CheckpointError as err:

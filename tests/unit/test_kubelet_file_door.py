@@ -16,7 +16,8 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
-from cri_proxy.sources.kubelet_file import MAX_BYTES, read_regular
+from cri_proxy.files import read_small
+from cri_proxy.sources.kubelet_file import MAX_BYTES
 from tests.unit.test_daemon import Daemon
 
 GOOD = {"policyName": "static", "defaultCpuSet": "0-11", "entries": {"uid-g": {"main": "12-13"}}}
@@ -114,10 +115,10 @@ def test_bad_file_replacing_a_good_one_keeps_the_last_good_contents(tmp_path: Pa
         assert daemon.stop() == 0
 
 
-def test_read_regular_refuses_what_is_not_a_small_regular_file(tmp_path: Path) -> None:
+def test_the_read_refuses_what_is_not_a_small_regular_file(tmp_path: Path) -> None:
     for kind, (make, message) in BAD.items():
         make(tmp_path / kind)
         with pytest.raises(ValueError, match=message.split(",")[0]):
-            read_regular(tmp_path / kind)
+            read_small(tmp_path / kind, MAX_BYTES)
     (tmp_path / "ok").write_bytes(b"x" * MAX_BYTES)
-    assert len(read_regular(tmp_path / "ok")) == MAX_BYTES
+    assert len(read_small(tmp_path / "ok", MAX_BYTES)) == MAX_BYTES
