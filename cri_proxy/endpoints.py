@@ -75,8 +75,12 @@ def prepare_listen_socket(path: Path, allow_world_writable_dir: bool = False) ->
     that a live server answers on is never touched. Anything that is not a socket (a regular file,
     a symlink that could point anywhere) is refused rather than deleted.
     """
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    parent_mode = path.parent.stat().st_mode
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        parent_mode = path.parent.stat().st_mode
+    except OSError as exc:  # a part of the path is a file, no permission, a read-only file system
+        why = "a part of it is not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+        raise EndpointError(f"cannot make the socket's directory {path.parent}: {why}") from None
     if parent_mode & stat.S_IWOTH and not allow_world_writable_dir:
         # anyone could plant a socket or symlink there between our checks and our bind
         raise EndpointError(

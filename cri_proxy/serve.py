@@ -143,6 +143,15 @@ class Proxy:
         if listen is not None:  # refuse a live owner or a bad path now, not after recovery
             prepare_listen_socket(listen, config.allow_world_writable_socket_dir)
         self.admin.check()
+        if self.http is not None:  # a port taken ends the start here, before the CRI socket is ours
+            await self.http.start()
+            logger.info("metrics and health on http://{}:{}/metrics", self.http.host, self.http.port)
+            if not is_loopback(self.http.host):
+                logger.warning(
+                    "metrics_address {} is not loopback (allow_remote_metrics = true):"
+                    " /metrics, /healthz and /readyz answer anyone who can reach it",
+                    config.metrics_address,
+                )
         await self.kubelet_watch.refresh()
         self.checkpoints.load()  # the runtime's listing is merged into these records
         done = await self.recovery.first(give_up_after=3.0)
@@ -163,15 +172,6 @@ class Proxy:
         run("runtime-probe", self.probe.run)
         if not done:
             self.supervisor.job("recovery", self.recovery.until_done)
-        if self.http is not None:
-            await self.http.start()
-            logger.info("metrics and health on http://{}:{}/metrics", self.http.host, self.http.port)
-            if not is_loopback(self.http.host):
-                logger.warning(
-                    "metrics_address {} is not loopback (allow_remote_metrics = true):"
-                    " /metrics, /healthz and /readyz answer anyone who can reach it",
-                    config.metrics_address,
-                )
         interval = watchdog_interval()
         if interval is not None:
             run("watchdog", lambda: self._watchdog(interval))

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from cri_proxy.errors import EndpointError
 
 Probe = Callable[[], Awaitable[tuple[bool, str]]]
 
@@ -24,13 +27,20 @@ def parse_address(text: str) -> tuple[str, int]:
 
 class HttpEndpoint:
     def __init__(self, address: str, registry: CollectorRegistry, healthz: Probe, readyz: Probe) -> None:
+        self.address = address
         self.host, self.port = parse_address(address)
         self.registry = registry
         self.probes = {"/healthz": healthz, "/readyz": readyz}
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        """Listen; EndpointError naming the address when it cannot (a port taken, an address not
+        on this host)."""
+        try:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)  # uvloop's text repeats the address
+            raise EndpointError(f"metrics_address {self.address}: cannot listen: {why}") from None
         sockname = self._server.sockets[0].getsockname()
         self.port = int(sockname[1])
 

@@ -126,6 +126,46 @@ def test_refuses_a_socket_path_that_is_not_a_socket(tmp_path: Path, fake: Path, 
     assert sock.is_symlink() if kind == "symlink" else sock.read_text() == "precious"
 
 
+def test_a_socket_directory_that_cannot_be_made_is_named_without_a_traceback(
+    tmp_path: Path, fake: Path
+) -> None:
+    (tmp_path / "run").write_text("a file where the directory should be")
+    out = subprocess.run(
+        serve_command(tmp_path, fake, listen=tmp_path / "run" / "proxy.sock"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 1, out.stderr
+    expected = (
+        f"cri-proxy serve: cannot make the socket's directory {tmp_path / 'run'}:"
+        " a part of it is not a directory"
+    )
+    assert out.stderr.splitlines()[-1] == expected
+    assert "Traceback" not in out.stderr
+
+
+def test_a_metrics_port_taken_ends_the_start_before_the_cri_socket_is_taken(
+    tmp_path: Path, fake: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        sock = tmp_path / "proxy.sock"
+        out = subprocess.run(
+            serve_command(tmp_path, fake, "--metrics-address", address, listen=sock),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"cri-proxy serve: metrics_address {address}: cannot listen: Address already in use"
+    )
+    assert not sock.exists()
+
+
 def test_config_file_sets_endpoints_and_flags_override(tmp_path: Path, fake: Path) -> None:
     sock = tmp_path / "from-file.sock"
     config = tmp_path / "config.toml"
