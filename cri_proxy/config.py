@@ -137,7 +137,12 @@ def _check_number(key: str, value: float, low: float, high: float) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}: must be a finite number, not {value}")
     if not low <= value <= high:
-        raise ConfigError(f"{key}: must be between {low:g} and {high:g}, not {value}")
+        raise ConfigError(f"{key}: must be between {_number(low)} and {_number(high)}, not {value}")
+
+
+def _number(bound: float) -> str:
+    """A bound as written in a config file: 2147483647, not 2.14748e+09."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})

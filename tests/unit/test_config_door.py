@@ -72,6 +72,15 @@ def test_bad_numbers_are_refused_naming_the_key(tmp_path: Path, key: str, text: 
     assert str(err.value).startswith(f"{key}:") and expected in str(err.value)
 
 
+def test_the_bounds_are_written_as_in_a_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, "max_send_message_bytes = 4294967296\n")
+    assert str(err.value) == "max_send_message_bytes: must be between 1024 and 2147483647, not 4294967296"
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, "shutdown_grace_seconds = -0.5\n")
+    assert str(err.value) == "shutdown_grace_seconds: must be between 0 and 86400, not -0.5"
+
+
 def test_nan_from_a_flag_is_refused_too(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="exclusive_wait_seconds: must be a finite number"):
         config_mod.load(Path("/dev/null"), {"exclusive_wait_seconds": float("nan")})
