@@ -39,11 +39,20 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+"""256 MiB: a node's snapshot is kilobytes to a few megabytes; /dev/zero is not one."""
+
+
 def _read(path: str) -> str:
+    """The snapshot's text, from a file or a pipe (`-`, `<(...)`), at most MAX_SNAPSHOT_BYTES."""
     if path == "-":
-        return sys.stdin.read()
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+        data = sys.stdin.buffer.read(MAX_SNAPSHOT_BYTES + 1)
+    else:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SNAPSHOT_BYTES + 1)
+    if len(data) > MAX_SNAPSHOT_BYTES:
+        raise ValueError(f"more than {MAX_SNAPSHOT_BYTES} bytes")
+    return data.decode("utf-8")
 
 
 def _fail(path: str, message: str) -> int:
@@ -60,9 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
     path: str = args.snapshot
     try:
-        inputs = load_snapshot(_read(path))
-    except (OSError, UnicodeDecodeError) as e:
+        text = _read(path)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         return _fail(path, f"cannot read: {getattr(e, 'strerror', None) or e}")
+    try:
+        inputs = load_snapshot(text)
     except SnapshotError as e:
         return _fail(path, f"bad snapshot: {e}")
     plan = decide(inputs)

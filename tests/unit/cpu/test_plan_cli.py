@@ -110,5 +110,37 @@ def test_unreadable_file_exits_2(tmp_path: Path) -> None:
     assert "missing.json" in r.stderr
 
 
+def test_a_device_that_never_ends_is_read_only_up_to_the_cap(tmp_path: Path) -> None:
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    r = _plan("--snapshot", str(zero))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"cri-proxy plan: {zero}: cannot read: more than {256 * 1024 * 1024} bytes"
+
+
+def test_bytes_that_are_not_utf8_exit_2_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{"topology": "caf\xe9"}')
+    r = _plan("--snapshot", str(path))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"cri-proxy plan: {path}: cannot read: 'utf-8' codec can't decode byte 0xe9 in position 17:"
+        " invalid continuation byte"
+    ]
+
+
+def test_a_pipe_is_read_as_a_file_is(snapshot: Path) -> None:
+    with snapshot.open("rb") as f:
+        r = subprocess.run(
+            ["bash", "-c", f'exec "{SCRIPT}" plan --snapshot <(cat)'],
+            stdin=f,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == json.loads(_plan("--snapshot", str(snapshot)).stdout)
+
+
 def test_snapshot_is_required() -> None:
     assert _plan().returncode == 2  # argparse usage error
