@@ -35,6 +35,7 @@ from loguru import logger
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_exponential
 
 from cri_proxy.cpu import Problem, ProblemKind
+from cri_proxy.files import read_small
 from cri_proxy.state.model import NodeState
 
 T = TypeVar("T")
@@ -42,6 +43,7 @@ T = TypeVar("T")
 CONNECT_TIMEOUT = 5.0
 LIST_TIMEOUT = 60.0
 LIST_PAGE = 500
+MAX_KUBECONFIG_BYTES = 16 * 1024 * 1024  # a kubeconfig with inline certificates is kilobytes
 
 
 class ApiError(Exception):
@@ -130,7 +132,8 @@ def _load_client(kubeconfig: str) -> Any:
 
     config: Any = loaders  # its loaders are untyped
     configuration = client.Configuration()
-    if kubeconfig:
+    if kubeconfig:  # the loader opens it blindly: a FIFO there would hold this thread for good
+        read_small(kubeconfig, MAX_KUBECONFIG_BYTES)
         config.load_kube_config(
             config_file=kubeconfig, client_configuration=configuration, persist_config=False
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -276,6 +277,22 @@ def test_no_usable_kubeconfig_is_reported_and_retried_and_stopping_is_prompt(tmp
         with contextlib.suppress(asyncio.CancelledError):
             await task
         assert time.monotonic() - began < 1.0
+
+    run(main())
+
+
+def test_a_kubeconfig_that_is_a_fifo_is_reported_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "kubeconfig"
+    os.mkfifo(fifo)
+
+    async def main() -> None:
+        api = KubeApiWatcher(NodeState(), "n1", str(fifo), backoff=0.01)
+        task = asyncio.ensure_future(api.run())
+        await eventually(lambda: api.problem is not None, "api-unreachable reported")
+        assert api.problem is not None and f"{fifo} is a FIFO, not a regular file" in api.problem.message
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     run(main())
 
