@@ -16,6 +16,30 @@ from cri_proxy.errors import EndpointError
 
 Probe = Callable[[], Awaitable[tuple[bool, str]]]
 
+HEAD_TIMEOUT = 10.0
+"""Seconds a client has to send its request line and headers; a probe sends them at once."""
+MAX_HEAD_BYTES = 16 * 1024
+"""A probe's or Prometheus's request head is a few hundred bytes; a longer one gets 431."""
+TOO_BIG = ("431 Request Header Fields Too Large", "text/plain", b"request head too large\n")
+
+
+class _HeadTooBig(Exception):
+    """More than MAX_HEAD_BYTES before the blank line."""
+
+
+async def _request_line(reader: asyncio.StreamReader) -> bytes:
+    """The request line; the headers after it are read and dropped (none is needed), at most
+    MAX_HEAD_BYTES of them in all. A line longer than the reader's own limit raises ValueError."""
+    request_line = await reader.readline()
+    size = len(request_line)
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        size += len(line)
+        if size > MAX_HEAD_BYTES:
+            raise _HeadTooBig
+    if size > MAX_HEAD_BYTES:
+        raise _HeadTooBig
+    return request_line
+
 
 def parse_address(text: str) -> tuple[str, int]:
     """`HOST:PORT` or `[v6]:PORT`; the error names the text."""
@@ -31,6 +55,7 @@ class HttpEndpoint:
         self.host, self.port = parse_address(address)
         self.registry = registry
         self.probes = {"/healthz": healthz, "/readyz": readyz}
+        self.head_timeout = HEAD_TIMEOUT
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -52,12 +77,14 @@ class HttpEndpoint:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request_line = await asyncio.wait_for(reader.readline(), 10)
-            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
-                pass  # headers are not needed
-            parts = request_line.decode("latin-1").split()
-            method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
-            status, ctype, body = await self._route(method, path)
+            try:  # the whole head within its deadline: a client trickling headers is cut off too
+                request_line = await asyncio.wait_for(_request_line(reader), self.head_timeout)
+            except (ValueError, _HeadTooBig):  # a line past the reader's limit, or too many of them
+                method, (status, ctype, body) = "", TOO_BIG
+            else:
+                parts = request_line.decode("latin-1").split()
+                method, path = (parts[0], parts[1].split("?")[0]) if len(parts) >= 2 else ("", "")
+                status, ctype, body = await self._route(method, path)
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n"

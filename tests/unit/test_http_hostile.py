@@ -1,0 +1,92 @@
+"""The metrics and health listener (`cri_proxy/daemon/http.py`) against clients that are not
+Prometheus nor a probe: a head too long, a line past the reader's limit, headers trickled forever.
+Each gets an answer or is cut off, the listener logs no traceback, and a probe still answers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from cri_proxy.daemon.http import MAX_HEAD_BYTES, HttpEndpoint
+
+
+async def _ok() -> tuple[bool, str]:
+    return True, "ok"
+
+
+async def _exchange(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+
+
+def _run_with_endpoint(body: Any) -> list[dict[str, Any]]:
+    """`body(endpoint)` against a started endpoint; what the loop's exception handler saw."""
+    seen: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: seen.append(context))
+        endpoint = HttpEndpoint("127.0.0.1:0", CollectorRegistry(), _ok, _ok)
+        endpoint.head_timeout = 0.5
+        await endpoint.start()
+        try:
+            await body(endpoint)
+            assert (await _exchange(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n")).startswith(
+                b"HTTP/1.1 200 OK"
+            )
+        finally:
+            await endpoint.stop()
+
+    asyncio.run(main())
+    return seen
+
+
+def test_a_request_line_past_the_readers_limit_gets_431() -> None:
+    async def body(endpoint: HttpEndpoint) -> None:
+        reply = await _exchange(endpoint.port, b"GET /" + b"a" * 200_000 + b" HTTP/1.1\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+
+    assert _run_with_endpoint(body) == []
+
+
+def test_headers_past_the_head_cap_get_431() -> None:
+    async def body(endpoint: HttpEndpoint) -> None:
+        many = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(MAX_HEAD_BYTES // 100))
+        reply = await _exchange(endpoint.port, b"GET /metrics HTTP/1.1\r\n" + many + b"\r\n")
+        assert reply.startswith(b"HTTP/1.1 431 ")
+        one_long = b"GET /metrics HTTP/1.1\r\nX: " + b"b" * 100_000 + b"\r\n\r\n"
+        assert (await _exchange(endpoint.port, one_long)).startswith(b"HTTP/1.1 431 ")
+        within = b"GET /healthz HTTP/1.1\r\n" + b"X: " + b"c" * (MAX_HEAD_BYTES // 2) + b"\r\n\r\n"
+        assert (await _exchange(endpoint.port, within)).startswith(b"HTTP/1.1 200 OK")
+
+    assert _run_with_endpoint(body) == []
+
+
+def test_a_client_trickling_headers_is_cut_off_at_the_head_deadline() -> None:
+    async def body(endpoint: HttpEndpoint) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\n")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            while not reader.at_eof():  # one header line every 0.1 s: each line well within any gap
+                writer.write(b"X: y\r\n")
+                await writer.drain()
+                try:
+                    if await asyncio.wait_for(reader.read(1), 0.1) == b"":
+                        break
+                except TimeoutError:
+                    pass
+                assert loop.time() - began < 5.0, "still connected long after the head deadline"
+        except ConnectionError:
+            pass  # cut off while writing
+        finally:
+            writer.close()
+
+    assert _run_with_endpoint(body) == []
