@@ -1,5 +1,5 @@
 """Reading a small file that an operator or another program names: the proxy's config, the
-kubelet's CPU manager state, the proxy's own checkpoint.
+kubelet's CPU manager state, the proxy's own checkpoint, the kubeconfig, a sysfs tree.
 
 A plain `open().read()` waits forever on a FIFO that no one writes (the proxy would hang at start,
 before its first log line), reads /dev/zero until memory runs out, and fails with a traceback on
