@@ -20,6 +20,10 @@ HEAD_TIMEOUT = 10.0
 """Seconds a client has to send its request line and headers; a probe sends them at once."""
 MAX_HEAD_BYTES = 16 * 1024
 """A probe's or Prometheus's request head is a few hundred bytes; a longer one gets 431."""
+MAX_CONNECTIONS = 64
+"""Connections served at once. The port is open to every local user; each connection holds a file
+descriptor for up to HEAD_TIMEOUT, and descriptors run out for the CRI socket too: past this many a
+new one is closed at once, so a flood of them costs metrics, never the kubelet's calls."""
 TOO_BIG = ("431 Request Header Fields Too Large", "text/plain", b"request head too large\n")
 
 
@@ -56,7 +60,14 @@ class HttpEndpoint:
         self.registry = registry
         self.probes = {"/healthz": healthz, "/readyz": readyz}
         self.head_timeout = HEAD_TIMEOUT
+        self.max_connections = MAX_CONNECTIONS
+        self._serving = 0
         self._server: asyncio.Server | None = None
+
+    @property
+    def serving(self) -> int:
+        """Connections being served now (at most `max_connections`)."""
+        return self._serving
 
     async def start(self) -> None:
         """Listen; EndpointError naming the address when it cannot (a port taken, an address not
@@ -76,6 +87,10 @@ class HttpEndpoint:
                 await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._serving >= self.max_connections:
+            writer.close()  # unread: the flood's own connections are the ones that wait
+            return
+        self._serving += 1
         try:
             try:  # the whole head within its deadline: a client trickling headers is cut off too
                 request_line = await asyncio.wait_for(_request_line(reader), self.head_timeout)
@@ -97,6 +112,7 @@ class HttpEndpoint:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+            self._serving -= 1
 
     async def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
         if method not in ("GET", "HEAD"):

@@ -5,6 +5,7 @@ Each gets an answer or is cut off, the listener logs no traceback, and a probe s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -88,5 +89,29 @@ def test_a_client_trickling_headers_is_cut_off_at_the_head_deadline() -> None:
             pass  # cut off while writing
         finally:
             writer.close()
+
+    assert _run_with_endpoint(body) == []
+
+
+def test_connections_past_the_cap_are_closed_at_once_and_probes_come_back_after() -> None:
+    async def body(endpoint: HttpEndpoint) -> None:
+        endpoint.max_connections = 8
+        endpoint.head_timeout = 1.0
+        held = [await asyncio.open_connection("127.0.0.1", endpoint.port) for _ in range(8)]
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while endpoint.serving < 8:  # the listener has taken all eight
+            assert asyncio.get_running_loop().time() < deadline, f"serving {endpoint.serving} of 8"
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", endpoint.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
+        with contextlib.suppress(ConnectionResetError):  # closed with the request unread
+            assert await asyncio.wait_for(reader.read(), 5.0) == b""  # closed unread: over the cap
+        writer.close()
+        assert endpoint.serving == 8
+        for _, w in held:  # the flood leaves (or its head deadline ends it): probes answer again
+            w.close()
+        while endpoint.serving:
+            assert asyncio.get_running_loop().time() < deadline + 5.0, f"still serving {endpoint.serving}"
+            await asyncio.sleep(0.01)
 
     assert _run_with_endpoint(body) == []
