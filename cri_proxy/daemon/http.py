@@ -105,8 +105,10 @@ class HttpEndpoint:
                 "Connection: close\r\n\r\n"
             )
             writer.write(head.encode() + (body if method != "HEAD" else b""))
-            await writer.drain()
-        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            await asyncio.wait_for(writer.drain(), self.head_timeout)
+        except TimeoutError:  # a head never finished, or an answer never read: drop what is unsent
+            writer.transport.abort()  # (a plain close would wait to send it, for good)
+        except (ConnectionError, UnicodeDecodeError):
             pass
         finally:
             writer.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -115,3 +116,35 @@ def test_connections_past_the_cap_are_closed_at_once_and_probes_come_back_after(
             await asyncio.sleep(0.01)
 
     assert _run_with_endpoint(body) == []
+
+
+def test_a_client_that_never_reads_its_answer_is_let_go_at_the_deadline() -> None:
+    async def body(endpoint: HttpEndpoint) -> None:
+        endpoint.registry.register(_Big())  # an exposition far larger than the sockets' buffers
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # loopback's buffers hold megabytes
+        sock.connect(("127.0.0.1", endpoint.port))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # and never a recv
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while not endpoint.serving:  # taken up
+            assert loop.time() < deadline, "the connection was never served"
+            await asyncio.sleep(0.01)
+        while endpoint.serving:  # the listener gives up on the write within its deadline
+            assert loop.time() < deadline + 5.0, "still writing to a client that never reads"
+            await asyncio.sleep(0.05)
+        sock.close()
+
+    assert _run_with_endpoint(body) == []
+
+
+class _Big:
+    """A collector whose exposition is ~10 MB."""
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily("big", "padding", labels=["n"])
+        for n in range(100_000):
+            family.add_metric([f"{n:080d}"], n)
+        yield family
