@@ -6,8 +6,10 @@ A tiny asyncio HTTP/1.1 responder: three GET paths, no threads, nothing else to 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -24,6 +26,11 @@ MAX_CONNECTIONS = 64
 """Connections served at once. The port is open to every local user; each connection holds a file
 descriptor for up to HEAD_TIMEOUT, and descriptors run out for the CRI socket too: past this many a
 new one is closed at once, so a flood of them costs metrics, never the kubelet's calls."""
+MAX_EXPOSITIONS_PER_SECOND = 20
+"""/metrics answers a second, at most. Each is built on the event loop the CRI calls share (0.3 ms
+on an idle proxy, more with every series): Prometheus asks every 15-60 s, a loop of requests from
+a local user gets 429 past this instead of slowing the kubelet's calls. Probes are not counted."""
+TOO_MANY = ("429 Too Many Requests", "text/plain", b"/metrics asked too often: try again in a second\n")
 TOO_BIG = ("431 Request Header Fields Too Large", "text/plain", b"request head too large\n")
 
 
@@ -61,6 +68,9 @@ class HttpEndpoint:
         self.probes = {"/healthz": healthz, "/readyz": readyz}
         self.head_timeout = HEAD_TIMEOUT
         self.max_connections = MAX_CONNECTIONS
+        self.max_expositions_per_second = MAX_EXPOSITIONS_PER_SECOND
+        self._expositions: collections.deque[float] = collections.deque()  # when, the last second's
+        self.clock: Callable[[], float] = time.monotonic
         self._serving = 0
         self._server: asyncio.Server | None = None
 
@@ -116,10 +126,23 @@ class HttpEndpoint:
                 await writer.wait_closed()
             self._serving -= 1
 
+    def _may_expose(self) -> bool:
+        """Whether one more /metrics fits in the last second's budget (and count it if so)."""
+        now = self.clock()
+        recent = self._expositions
+        while recent and now - recent[0] >= 1.0:
+            recent.popleft()
+        if len(recent) >= self.max_expositions_per_second:
+            return False
+        recent.append(now)
+        return True
+
     async def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", "text/plain", b"only GET\n"
         if path == "/metrics":
+            if not self._may_expose():
+                return TOO_MANY
             return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
         probe = self.probes.get(path)
         if probe is None:

@@ -138,6 +138,29 @@ def test_a_client_that_never_reads_its_answer_is_let_go_at_the_deadline() -> Non
     assert _run_with_endpoint(body) == []
 
 
+def test_metrics_asked_too_often_get_429_and_probes_do_not() -> None:
+    now = [100.0]
+
+    async def status(endpoint: HttpEndpoint, path: bytes) -> bytes:
+        reply = await _exchange(endpoint.port, b"GET " + path + b" HTTP/1.1\r\n\r\n")
+        return reply.split(b"\r\n", 1)[0]
+
+    async def body(endpoint: HttpEndpoint) -> None:
+        endpoint.max_expositions_per_second = 3
+        endpoint.clock = lambda: now[0]
+        statuses = [await status(endpoint, b"/metrics") for _ in range(6)]
+        assert statuses == [b"HTTP/1.1 200 OK"] * 3 + [b"HTTP/1.1 429 Too Many Requests"] * 3
+        assert [await status(endpoint, b"/healthz") for _ in range(10)] == [b"HTTP/1.1 200 OK"] * 10
+        now[0] += 0.9  # the same second still
+        assert await status(endpoint, b"/metrics") == b"HTTP/1.1 429 Too Many Requests"
+        now[0] += 0.2  # the budget comes back once the second has passed
+        assert [await status(endpoint, b"/metrics") for _ in range(4)] == [b"HTTP/1.1 200 OK"] * 3 + [
+            b"HTTP/1.1 429 Too Many Requests"
+        ]
+
+    assert _run_with_endpoint(body) == []
+
+
 class _Big:
     """A collector whose exposition is ~10 MB."""
 
