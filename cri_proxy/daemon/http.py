@@ -1,6 +1,8 @@
 """Metrics and health over HTTP on a loopback address: /metrics, /healthz, /readyz.
 
-A tiny asyncio HTTP/1.1 responder: three GET paths, no threads, nothing else to configure.
+A tiny asyncio HTTP/1.1 responder: three GET paths, no threads, nothing else to configure. Its
+port is open to every local user, so it is bounded against its clients: the head's size and time,
+the answer's time, the connections at once, and how often /metrics is built.
 """
 
 from __future__ import annotations
