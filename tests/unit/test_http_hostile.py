@@ -1,6 +1,7 @@
 """The metrics and health listener (`cri_proxy/daemon/http.py`) against clients that are not
-Prometheus nor a probe: a head too long, a line past the reader's limit, headers trickled forever.
-Each gets an answer or is cut off, the listener logs no traceback, and a probe still answers."""
+Prometheus nor a probe: a head too long, a line past the reader's limit, headers trickled forever,
+more connections than it serves, an answer never read, /metrics asked in a loop. Each gets an
+answer or is cut off, the listener logs no traceback, and a probe still answers afterwards."""
 
 from __future__ import annotations
 
