@@ -10,6 +10,7 @@ bytes are read. Nothing here imports the rest of the package, so every layer may
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -36,7 +37,12 @@ def read_small(path: Path | str, limit: int, *, devices: bool = False) -> bytes:
     """The bytes of `path` when it is a regular file (with `devices`, also a character device such
     as /dev/null) of at most `limit` bytes. Raises OSError as the system gives it (missing, no
     permission) and ValueError naming what the file is instead (a FIFO, a directory, too big)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:  # a socket cannot be opened at all (ENXIO): say what it is
+        if exc.errno == errno.ENXIO and stat.S_ISSOCK(os.stat(path).st_mode):
+            raise ValueError(f"{path} is a socket, not a regular file") from None
+        raise
     try:
         st = os.fstat(fd)
         if not (stat.S_ISREG(st.st_mode) or (devices and stat.S_ISCHR(st.st_mode))):

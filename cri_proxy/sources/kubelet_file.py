@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from cri_proxy.cpu import KubeletState, Problem, ProblemKind, parse_kubelet_state_text
 from cri_proxy.errors import KubeletStateError
-from cri_proxy.files import kind, read_small
+from cri_proxy.files import read_small
 
 MAX_BYTES = 1024 * 1024
 """1 MiB: a real file is a few KiB (a 256-CPU node with hundreds of pinned containers stays far below)."""
@@ -67,11 +66,9 @@ def load(path: Path, seen: Signature | None) -> Outcome:
     signature = _signature(st)
     if signature == seen:
         return Unchanged()
-    if not stat.S_ISREG(st.st_mode):
-        return Unusable(signature, f"{path} is {kind(st.st_mode)}, not a regular file")
     try:
         text = read_small(path, MAX_BYTES)
-    except ValueError as exc:
+    except ValueError as exc:  # not a regular file, or too big: the message says which
         return Unusable(signature, str(exc))
     except OSError as exc:
         return Unusable(signature, f"cannot read {path}: {exc.strerror}")

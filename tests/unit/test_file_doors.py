@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Callable
@@ -94,6 +95,10 @@ def test_the_read_takes_a_device_only_when_asked_and_never_without_bound(tmp_pat
         _within(10, lambda: read_small(tmp_path / "fifo", 10, devices=True))
     with pytest.raises(FileNotFoundError):
         read_small(tmp_path / "absent", 10)
+    with socket.socket(socket.AF_UNIX) as listening:  # one that cannot even be opened says what it is
+        listening.bind(str(tmp_path / "sock"))
+        with pytest.raises(ValueError, match=r"sock is a socket, not a regular file$"):
+            read_small(tmp_path / "sock", 10)
     assert text_of("café".encode(), "f") == "café"
     with pytest.raises(ValueError, match=r"^f is not UTF-8 text \(byte 3: 0xe9\)$"):
         text_of(b"caf\xe9", "f")
