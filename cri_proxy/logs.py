@@ -6,11 +6,14 @@ import asyncio
 import json
 import os
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
+
+from cri_proxy.logwriter import LineWriter
 
 
 def _json_sink(message: Any) -> None:
@@ -19,7 +22,36 @@ def _json_sink(message: Any) -> None:
     line.update({k: v for k, v in record["extra"].items() if isinstance(v, str | int | float | bool)})
     if record["exception"] is not None:
         line["exception"] = repr(record["exception"].value)
-    sys.stderr.write(json.dumps(line) + "\n")
+    stderr().put(json.dumps(line) + "\n")
+
+
+def _say_dropped(count: int, first: float, last: float) -> None:
+    when = time.strftime("%H:%M:%S", time.localtime(first))
+    if int(last) != int(first):
+        when += time.strftime("-%H:%M:%S", time.localtime(last))
+    logger.warning("{} log lines dropped ({}): stderr did not take them (journald stalled?)", count, when)
+
+
+_stderr: LineWriter | None = None
+
+
+def stderr() -> LineWriter:
+    """The one writer of log lines to stderr (`cri_proxy.logwriter`), made on first use."""
+    global _stderr
+    if _stderr is None:
+        _stderr = LineWriter(2, say_dropped=_say_dropped)  # the fd: sys.stderr may be a test's stand-in
+    return _stderr
+
+
+def log_lines_dropped() -> int:
+    """Log lines stderr did not take in time, since the start (a metric)."""
+    return _stderr.dropped if _stderr is not None else 0
+
+
+def drain_log(timeout: float = 5.0) -> None:
+    """Before exit: give stderr up to `timeout` seconds to take the lines still held."""
+    if _stderr is not None:
+        _stderr.drain(timeout)
 
 
 _debug = True  # until `setup_logging` says: another set-up (a test's sink) may want every level
@@ -127,4 +159,4 @@ def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:
     journald = fmt == "auto" and bool(os.environ.get("JOURNAL_STREAM"))
     tty = fmt == "auto" and sys.stderr.isatty()
     layout = "{level: <7} {message}" if journald else "{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {message}"
-    logger.add(sys.stderr, level=level, colorize=tty, backtrace=False, diagnose=False, format=layout)
+    logger.add(stderr().put, level=level, colorize=tty, backtrace=False, diagnose=False, format=layout)

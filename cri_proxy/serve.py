@@ -39,7 +39,7 @@ from cri_proxy.enforce.observe import cgroup_first, runtime_observer, status_rea
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler, channel_sender
 from cri_proxy.enforce.sync import Syncer
-from cri_proxy.logs import setup_logging, write_put_off
+from cri_proxy.logs import log_lines_dropped, setup_logging, write_put_off
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
 from cri_proxy.settings import Settings
@@ -267,6 +267,7 @@ class Proxy:
             ],
             "dry_run": self.config.dry_run,
             "replaced": self.hooks.replaced,
+            "log_lines_dropped": log_lines_dropped(),
         }
 
     async def _watchdog(self, interval: float) -> None:

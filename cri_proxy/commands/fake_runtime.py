@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from cri_proxy.errors import CriProxyError
     from cri_proxy.fake_runtime.server import FakeOptions
     from cri_proxy.fake_runtime.server import run as run_fake
-    from cri_proxy.logs import setup_logging
+    from cri_proxy.logs import drain_log, setup_logging
 
     setup_logging(args.log_level)
     opts = FakeOptions(
@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         seed_label_bytes=args.seed_label_bytes,
     )
     try:
-        asyncio_run(run_fake(opts))
+        try:
+            asyncio_run(run_fake(opts))
+        finally:
+            drain_log()  # the lines held, before any of ours
     except CriProxyError as exc:
         print(f"cri-proxy fake-runtime: {exc}")
         return 1

@@ -72,7 +72,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cri_proxy import config as config_mod
-    from cri_proxy.logs import setup_logging
+    from cri_proxy.logs import drain_log, setup_logging
 
     overrides: dict[str, Any] = {
         "listen": args.listen,
@@ -107,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
         return config_mod.load(args.config, overrides)
 
     try:
-        asyncio_run(serve(config, reload))
+        try:
+            asyncio_run(serve(config, reload))
+        finally:
+            drain_log()  # the lines held, before any of ours
     except ConfigError as exc:  # a value only the node can judge (CPUs not online): as a bad file
         print(f"cri-proxy serve: {exc}", file=sys.stderr)
         return 2

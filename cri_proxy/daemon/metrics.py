@@ -156,6 +156,11 @@ class StateCollector(Collector):
             "UpdateContainerResources requests whose cpuset the proxy replaced with its decision",
             value=s["replaced"],
         )
+        yield CounterMetricFamily(
+            "cri_proxy_log_lines_dropped",
+            "log lines dropped because stderr (journald) did not take them in time",
+            value=s.get("log_lines_dropped", 0),
+        )
         yield GaugeMetricFamily("cri_proxy_pods_tracked", "pod sandboxes the proxy knows", value=s["pods"])
         yield GaugeMetricFamily(
             "cri_proxy_containers_tracked", "containers the proxy knows", value=s["containers"]

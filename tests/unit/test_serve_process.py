@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import stat
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -307,3 +309,74 @@ def test_a_client_that_never_reads_leaves_nothing_behind(tmp_path: Path, fake: P
         )
     finally:
         stop(proc)
+
+
+def test_a_stderr_no_one_reads_never_freezes_the_proxy(tmp_path: Path, fake: Path) -> None:
+    """A journald that stalls: the proxy's stderr is a pipe (one page) that no one reads. Every
+    call still gets its answer while the log lines pile up (they used to freeze the proxy at
+    the first line the pipe could not take: `Version` timed out); the lines dropped are counted
+    in /metrics, and named in a warning once stderr is read again."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sock = tmp_path / "proxy.sock"
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    argv = serve_command(tmp_path, fake, "--log-level", "DEBUG", "--metrics-address", f"127.0.0.1:{port}")
+    proc = subprocess.Popen(argv, stdout=w, stderr=w)
+    os.close(w)
+    out = bytearray()
+    try:
+        wait_for_socket(sock, proc)
+        with CriClient(f"unix://{sock}") as client:
+            dropped = 0.0
+            for n in range(400):  # each create writes DEBUG lines of 8 KiB (the request, cut there)
+                pod = client.runtime.RunPodSandbox(
+                    v1.RunPodSandboxRequest(
+                        config=v1.PodSandboxConfig(
+                            metadata=v1.PodSandboxMetadata(name=f"p{n}", uid=f"u{n}", namespace="ns"),
+                            annotations={"big": "x" * 10_000},
+                        )
+                    ),
+                    timeout=5,
+                )
+                client.runtime.CreateContainer(
+                    v1.CreateContainerRequest(
+                        pod_sandbox_id=pod.pod_sandbox_id,
+                        config=v1.ContainerConfig(
+                            metadata=v1.ContainerMetadata(name="c"),
+                            image=v1.ImageSpec(image="busybox"),
+                            annotations={"big": "x" * 10_000},
+                        ),
+                    ),
+                    timeout=5,
+                )
+                assert client.runtime.Version(v1.VersionRequest(), timeout=5).runtime_name
+                if n % 20 == 19:
+                    dropped = _lines_dropped(port)
+                    if dropped:
+                        break
+            assert dropped > 0  # the proxy held what it may, then dropped; every call was answered
+            reader = threading.Thread(target=_read_to_end, args=(r, out), daemon=True)
+            reader.start()  # journald reads again
+            wait_until(lambda: b"log lines dropped" in out, 20, "the warning about the lines dropped")
+            assert client.runtime.Version(v1.VersionRequest(), timeout=5).runtime_name
+        assert stop(proc) == 0  # its last lines taken at exit
+        reader.join(10)
+        assert b"Traceback" not in out
+    finally:
+        stop(proc)
+        os.close(r)
+
+
+def _read_to_end(fd: int, out: bytearray) -> None:
+    while chunk := os.read(fd, 1 << 16):
+        out += chunk
+
+
+def _lines_dropped(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        for text in reply.read().decode().splitlines():
+            if text.startswith("cri_proxy_log_lines_dropped_total "):
+                return float(text.split()[1])
+    raise AssertionError("no cri_proxy_log_lines_dropped_total in /metrics")
