@@ -3,9 +3,9 @@
 Why: a write to stderr blocks once its pipe or socket is full, and under systemd stderr is a
 stream to journald. A journald that stalls (a flood from another unit, a slow disk, a restart)
 used to freeze the whole proxy at its next log line: every CRI call, `Version` included, hung
-until journald read again, and the kubelet marked the node NotReady. Now the event loop only
-hands a line over; the thread waits on stderr. What stderr has not taken is held up to
-`HELD_BYTES`; lines past that are dropped, counted (`dropped`, a metric), and named in one
+until journald read again (and a kubelet whose relists hang reports the node not ready). Now the
+event loop only hands a line over; the thread waits on stderr. What stderr has not taken is held
+up to `HELD_BYTES`; lines past that are dropped, counted (`dropped`, a metric), and named in one
 warning once stderr takes lines again. Nothing that serves a call ever waits on the log.
 """
 
@@ -127,8 +127,6 @@ class LineWriter:
                 return False
             try:
                 view = view[os.write(self.fd, view) :]
-            except InterruptedError:  # pragma: no cover - Python retries EINTR itself
-                continue
             except BlockingIOError:  # a non-blocking stderr we were handed: wait until it takes more
                 poll = select.poll()
                 poll.register(self.fd, select.POLLOUT)

@@ -88,8 +88,9 @@ def test_a_stderr_that_takes_nothing_never_holds_up_the_caller(pipe: tuple[int, 
 
     def drained() -> bool:
         nonlocal out
+        done = writer.drain(0)  # first: once all is written, the read below gets the last of it
         out += read_all(r)
-        return writer.drain(0)
+        return done
 
     wait_until(drained, 10)
     numbers = [int(text.split()[0]) for text in out.decode().splitlines()]
@@ -181,8 +182,9 @@ class Interleavings(RuleBasedStateMachine):
         try:
 
             def drained() -> bool:
+                done = self.writer.drain(0)  # (as in the first test)
                 self.out += read_all(self.r)
-                return self.writer.drain(0)
+                return done
 
             wait_until(drained, 10)
             written = len(self.out.decode().splitlines())
