@@ -30,6 +30,7 @@ from cri_proxy.daemon.notify import notify, watchdog_interval
 from cri_proxy.daemon.recovery_runs import RecoveryRuns
 from cri_proxy.daemon.reload import Reloader
 from cri_proxy.daemon.runtime_probe import RuntimeProbe
+from cri_proxy.daemon.stacks import stacks_text
 from cri_proxy.daemon.supervisor import Supervisor
 from cri_proxy.endpoints import prepare_listen_socket, socket_path
 from cri_proxy.enforce.actual import actual_reader
@@ -120,6 +121,7 @@ class Proxy:
             self.settings, reload, lambda new: check_cpus(new, topology.online), self._settings_swapped
         )
         self._reload_wanted = False
+        self._started = False  # a SIGHUP before then is applied once started
         self.http: HttpEndpoint | None = None
         if config.metrics_address:
             registry = CollectorRegistry()
@@ -136,6 +138,10 @@ class Proxy:
     # -- start and stop -----------------------------------------------------------------------
     async def start(self) -> None:
         config = self.config
+        loop = asyncio.get_running_loop()  # each of these would end the process by default
+        loop.add_signal_handler(signal.SIGHUP, self._sighup)
+        loop.add_signal_handler(signal.SIGUSR1, self._dump_stacks)
+        loop.add_signal_handler(signal.SIGUSR2, self._usr2)
         trouble = self.lock.acquire()
         if trouble is not None:
             logger.warning("{} (working without a checkpoint lock)", trouble)
@@ -175,7 +181,9 @@ class Proxy:
         interval = watchdog_interval()
         if interval is not None:
             run("watchdog", lambda: self._watchdog(interval))
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._sighup)
+        self._started = True
+        if self._reload_wanted:  # a SIGHUP came during the start
+            self.supervisor.job("reload", self._reload)
         status = "serving" if done else f"serving; waiting for runtime {config.runtime_endpoint}"
         notify(f"READY=1\nSTATUS={status}")
 
@@ -212,9 +220,20 @@ class Proxy:
 
     # -- reload -------------------------------------------------------------------------------
     def _sighup(self) -> None:
-        """One reload job at a time; a SIGHUP during a reload makes it read the file once more."""
+        """One reload job at a time; a SIGHUP during a reload makes it read the file once more,
+        one during the start is applied at its end."""
         self._reload_wanted = True
-        self.supervisor.job("reload", self._reload)
+        if self._started:
+            self.supervisor.job("reload", self._reload)
+        else:
+            logger.info("SIGHUP during the start: the configuration is read again once started")
+
+    def _dump_stacks(self) -> None:
+        """SIGUSR1, as containerd: every thread's and task's stack to the log."""
+        logger.info("{}", stacks_text())
+
+    def _usr2(self) -> None:
+        logger.info("SIGUSR2: no action (SIGUSR1 writes the stacks to the log, SIGHUP reloads)")
 
     async def _reload(self) -> None:
         while self._reload_wanted:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # until the proxy's handlers are in (the start's first step), these would end the process;
+    # a SIGHUP before the configuration is read loses nothing
+    for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
     from cri_proxy import config as config_mod
     from cri_proxy.logs import drain_log, setup_logging
 

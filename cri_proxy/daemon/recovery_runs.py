@@ -42,14 +42,14 @@ class RecoveryRuns:
     def _not_yet(self, state: object) -> None:
         outcome = getattr(state, "outcome", None)
         exc = outcome.exception() if outcome is not None else None
-        logger.debug("recovery from runtime {} not done yet: {}", self.endpoint, exc)
+        logger.debug("recovery from runtime {} not done yet: {}", self.endpoint, _why(exc))
 
     async def first(self, give_up_after: float) -> bool:
         """At start: try for `give_up_after` seconds; False (never raises) when not done."""
         try:
             await self._retrying(give_up_after)
         except NOT_ANSWERING as exc:
-            logger.warning("recovery from runtime {} not done yet: {}", self.endpoint, exc)
+            logger.warning("recovery from runtime {} not done yet: {}", self.endpoint, _why(exc))
             return False
         except Exception as exc:
             logger.opt(exception=exc).error("recovery from runtime {} failed: {}", self.endpoint, exc)
@@ -59,3 +59,10 @@ class RecoveryRuns:
     async def until_done(self) -> None:
         """As a supervised job: retry a silent runtime forever; raise any other fault."""
         await self._retrying(None)
+
+
+def _why(exc: BaseException | None) -> str:
+    """One line: a gRPC error's repr spans five (status, details, debug string)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc)

@@ -380,3 +380,43 @@ def _lines_dropped(port: int) -> float:
             if text.startswith("cri_proxy_log_lines_dropped_total "):
                 return float(text.split()[1])
     raise AssertionError("no cri_proxy_log_lines_dropped_total in /metrics")
+
+
+def test_sigusr1_writes_every_stack_to_the_log_and_sigusr2_ends_nothing(tmp_path: Path, fake: Path) -> None:
+    """As containerd: `kill -USR1` writes what each thread and task is doing to the log (it used
+    to end the proxy, Python's default); SIGUSR2 does nothing but say so. The proxy serves on."""
+    proc, sock = _serve(tmp_path, fake)
+    log = tmp_path / "proxy.log"
+    try:
+        proc.send_signal(signal.SIGUSR1)
+        wait_until(lambda: "=== end of stacks ===" in log.read_text(), 10, "the stacks")
+        text = log.read_text()
+        assert "--- thread MainThread" in text
+        assert "--- thread log-writer" in text  # the log's own thread, waiting for lines
+        assert "Reconciler.run" in text  # a task, by its coroutine
+        proc.send_signal(signal.SIGUSR2)
+        wait_until(lambda: "SIGUSR2: no action" in log.read_text(), 10, "the SIGUSR2 line")
+        with CriClient(f"unix://{sock}") as client:
+            assert client.runtime.Version(v1.VersionRequest(), timeout=5).runtime_name
+        assert proc.poll() is None
+    finally:
+        assert stop(proc) == 0
+
+
+def test_a_sighup_during_the_start_is_applied_once_started(tmp_path: Path) -> None:
+    """The start waits up to 3 s for a runtime that is not there yet; a SIGHUP then (a reload
+    sent by hand) used to end the process. Now the configuration is read again once started."""
+    sock = tmp_path / "proxy.sock"
+    runtime = tmp_path / "later.sock"  # no runtime: the start's recovery waits its 3 s
+    log = tmp_path / "proxy.log"
+    proc = start(serve_command(tmp_path, runtime, listen=sock), log)
+    try:
+        wait_until((tmp_path / "state" / "lock").exists, 10, "the start to begin")  # handlers in
+        assert not sock.exists()  # still starting
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "SIGHUP during the start" in log.read_text(), 10, "the SIGHUP noted")
+        wait_for_socket(sock, proc, log=log)
+        wait_until(lambda: "configuration reloaded" in log.read_text(), 10, "the reload after the start")
+        assert proc.poll() is None
+    finally:
+        assert stop(proc) == 0
