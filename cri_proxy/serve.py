@@ -9,7 +9,6 @@ part has its own module with one job; this one only builds them and connects the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import signal
 from collections.abc import Callable
@@ -122,6 +121,7 @@ class Proxy:
         )
         self._reload_wanted = False
         self._started = False  # a SIGHUP before then is applied once started
+        self._stopping = False
         self.http: HttpEndpoint | None = None
         if config.metrics_address:
             registry = CollectorRegistry()
@@ -189,8 +189,7 @@ class Proxy:
 
     async def stop(self) -> None:
         notify("STOPPING=1")
-        with contextlib.suppress(Exception):
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        self._stopping = True  # a SIGHUP now is ignored (removing the handler would let it end us)
         if self.http is not None:
             await self.http.stop()
         await self.relay.stop()
@@ -221,7 +220,10 @@ class Proxy:
     # -- reload -------------------------------------------------------------------------------
     def _sighup(self) -> None:
         """One reload job at a time; a SIGHUP during a reload makes it read the file once more,
-        one during the start is applied at its end."""
+        one during the start is applied at its end, one during the stop is ignored."""
+        if self._stopping:
+            logger.info("SIGHUP while stopping: ignored")
+            return
         self._reload_wanted = True
         if self._started:
             self.supervisor.job("reload", self._reload)
