@@ -60,12 +60,16 @@ class TokenBucket:
     def take(self, now: float) -> bool:
         if self.tokens < 0:
             self.tokens, self.at = self.burst, now
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.tokens = self.level(now)
         self.at = now
         if self.tokens < 1:
             return False
         self.tokens -= 1
         return True
+
+    def level(self, now: float) -> float:
+        """The tokens at `now` (a wall clock stepped back refills nothing, and takes nothing)."""
+        return min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,14 @@ class _Posted:
     namespace: str
     count: int
     first: str
+    at: float  # when it was last posted
+
+
+FORGET_AFTER = 3600.0
+"""Seconds after its last post that an Event not present any more is forgotten: the API server's
+default `--event-ttl`, after which a PATCH finds nothing and a new Event is created anyway."""
+KEPT_AT_MOST = 4096
+"""Events remembered at most (as client-go's event correlator's cache); past it the oldest go."""
 
 
 def _stamp(now: float) -> str:
@@ -105,6 +117,8 @@ class Correlator:
     active: set[Occurrence] = field(default_factory=set)
     buckets: dict[Target, TokenBucket] = field(default_factory=dict)
     dropped: int = 0
+    forget_after: float = FORGET_AFTER
+    kept_at_most: int = KEPT_AT_MOST
 
     def _body(self, o: Occurrence, name: str, count: int, first: str, last: str) -> dict[str, Any]:
         t = o.target
@@ -150,16 +164,32 @@ class Correlator:
             seen = self.posted.get(o)
             if seen is None:
                 name = f"{o.target.name}.{int(now * 1e9):x}"
-                seen = self.posted[o] = _Posted(name, o.target.namespace, 1, last)
+                seen = self.posted[o] = _Posted(name, o.target.namespace, 1, last, now)
                 actions.append((o, Create(o.target.namespace, self._body(o, name, 1, last, last))))
             else:
                 seen.count += 1
+                seen.at = now
                 fresh = Create(o.target.namespace, self._body(o, seen.name, seen.count, seen.first, last))
                 body = {"count": seen.count, "lastTimestamp": last}
                 actions.append((o, Patch(seen.namespace, seen.name, body, fresh)))
             still.add(o)
         self.active = (self.active & present) | still
+        self._forget(now)
         return actions
+
+    def _forget(self, now: float) -> None:
+        """Bounded over a node's lifetime: pods come and go, and a message may name what changes.
+        An Event not present for `forget_after` is forgotten, at most `kept_at_most` are kept (the
+        oldest posts go first), and a bucket that is full again is as good as a new one."""
+        posted, keep, old = self.posted, self.kept_at_most, now - self.forget_after
+        for o in [o for o, seen in posted.items() if o not in self.active and seen.at < old]:
+            del posted[o]
+        if len(posted) > keep:
+            for o in sorted(posted, key=lambda o: posted[o].at)[: len(posted) - keep]:
+                del posted[o]  # (if still present, it is posted anew once it has gone and come back)
+        busy = {o.target for o in self.active}
+        for target in [t for t, b in self.buckets.items() if t not in busy and b.level(now) >= b.burst]:
+            del self.buckets[target]
 
 
 def occurrences(

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from cri_proxy.sources.kube_events import Correlator, Create, Occurrence, Patch, Target, occurrences, reason
 from tests.unit.enforce_support import QOS_LABEL, alloc
 from tests.unit.kube_api_server import KubeApiServer
@@ -48,6 +52,87 @@ def test_the_token_bucket_limits_a_flapping_object() -> None:
         sent += len(c.observe([FULL] if step % 2 == 0 else [], 1000.0 + step))
     assert sent == 3 and c.dropped == 7
     assert len(c.observe([FULL], 1000.0 + 20 + 300)) == 1  # a token back after 5 minutes
+
+
+def test_a_clock_stepped_back_does_not_empty_the_bucket() -> None:
+    """The correlator runs on the wall clock (its stamps must): an NTP step back of an hour used
+    to leave the bucket an hour's refill in debt, so the problem's next post was dropped."""
+    c = Correlator(host="node-1", burst=3, rate=1 / 300)
+    assert len(c.observe([FULL], 10_000.0)) == 1
+    assert c.observe([], 10_001.0) == []
+    assert len(c.observe([FULL], 10_002.0 - 3600)) == 1  # back, on a clock an hour behind
+    assert c.dropped == 0
+
+
+def test_what_is_remembered_is_bounded_over_a_node_lifetime() -> None:
+    """Ten simulated days of pods that each have a problem for a minute, one every 30 s: the
+    correlator remembers the Events of the last hour (the API server's default event TTL: a PATCH
+    after it finds nothing) and the buckets not yet full again, not every pod it ever saw."""
+    c = Correlator(host="node-1")
+    most = 0
+    for n in range(10 * 24 * 120):
+        now = 1_000_000.0 + n * 30
+        pod = Target("Pod", "default", f"job-{n}", f"uid-{n}")
+        before = Target("Pod", "default", f"job-{n - 1}", f"uid-{n - 1}")
+        present = [Occurrence(pod, "PoolExhausted", f"pool empty at {n}")]
+        present.append(Occurrence(before, "PoolExhausted", f"pool empty at {n - 1}"))
+        c.observe(present, now)
+        most = max(most, len(c.posted), len(c.buckets))
+    assert most <= 3600 // 30 + 3  # an hour of them, not 28,800
+    assert c.dropped == 0
+
+
+def test_at_most_kept_at_most_events_are_remembered() -> None:
+    """Past `kept_at_most` (client-go keeps 4,096) the oldest posts go; one still present is not
+    posted again while it lasts."""
+    c = Correlator(host="node-1", kept_at_most=10)
+    many = [Occurrence(Target("Pod", "default", f"p{n}", ""), "PoolExhausted", "m") for n in range(25)]
+    assert len(c.observe(many, 1000.0)) == 25
+    assert len(c.posted) == 10
+    assert c.observe(many, 1001.0) == []  # all still present: nothing new
+
+
+class Lifetimes(RuleBasedStateMachine):
+    """Problems appearing and going on a few pods, time moving on (and the clock stepping back
+    now and then): what the correlator remembers stays within its bounds after every pass, a
+    problem that stays is never posted twice, and one that comes back within `forget_after` of its
+    last post patches the same Event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = Correlator(host="node-1", burst=3, rate=1 / 60, forget_after=600, kept_at_most=6)
+        self.now = 1_000_000.0
+        self.last: set[Occurrence] = set()
+        self.names: dict[Occurrence, tuple[str, float]] = {}  # what each was posted as, and when
+
+    @rule(
+        present=st.sets(st.tuples(st.integers(0, 5), st.integers(0, 2)), max_size=8),
+        step=st.sampled_from([1.0, 30.0, 300.0, 900.0, -3600.0]),
+    )
+    def observe(self, present: set[tuple[int, int]], step: float) -> None:
+        self.now += step
+        occ = {Occurrence(Target("Pod", "ns", f"p{p}", ""), "PoolExhausted", f"m{m}") for p, m in present}
+        actions = self.c.observe(occ, self.now)
+        for o, action in actions:
+            assert o not in self.last  # present before too: never posted again while it lasts
+            name = action.name if isinstance(action, Patch) else action.body["metadata"]["name"]
+            if isinstance(action, Patch):
+                posted_as, at = self.names[o]
+                assert name == posted_as and self.now - at <= 600 + 3600  # (a step back may lengthen it)
+            self.names[o] = (name, self.now)
+        self.last = occ & (self.c.active)
+
+    @invariant()
+    def bounded(self) -> None:
+        c = self.c
+        assert len(c.posted) <= c.kept_at_most
+        assert all(o in c.active or seen.at >= self.now - 600 for o, seen in c.posted.items())
+        busy = {o.target for o in c.active}
+        assert all(t in busy or b.level(self.now) < b.burst for t, b in c.buckets.items())
+
+
+Lifetimes.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestLifetimes = Lifetimes.TestCase
 
 
 def test_a_node_wide_problem_goes_on_the_node() -> None:
