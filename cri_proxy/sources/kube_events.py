@@ -179,8 +179,9 @@ class Correlator:
 
     def _forget(self, now: float) -> None:
         """Bounded over a node's lifetime: pods come and go, and a message may name what changes.
-        An Event not present for `forget_after` is forgotten, at most `kept_at_most` are kept (the
-        oldest posts go first), and a bucket that is full again is as good as a new one."""
+        An Event whose problem is not present and whose last post is over `forget_after` old is
+        forgotten, at most `kept_at_most` are kept (the oldest posts go first), and a bucket that
+        is full again is as good as a new one."""
         posted, keep, old = self.posted, self.kept_at_most, now - self.forget_after
         for o in [o for o, seen in posted.items() if o not in self.active and seen.at < old]:
             del posted[o]
