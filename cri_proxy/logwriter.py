@@ -83,7 +83,7 @@ class LineWriter:
                 if left <= 0:
                     return False
                 self._changed.wait(left)
-            return not self._held
+            return True
 
     def close(self) -> None:
         """Let the thread end once what is held is written (tests: one writer per example)."""

@@ -15,13 +15,15 @@ from typing import Any
 CLI = str(Path(sys.executable).parent / "cri-proxy")
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
-    """Poll `predicate` every 50 ms; fail the test naming `what` when it stays false."""
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition", every: float = 0.05
+) -> None:
+    """Poll `predicate` every `every` seconds; fail the test naming `what` when it stays false."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
 
 

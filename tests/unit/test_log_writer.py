@@ -8,8 +8,7 @@ import contextlib
 import fcntl
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cri_proxy.logwriter import LineWriter
+from tests.processes import wait_until
 
 PIPE_BYTES = 4096  # the smallest a pipe can be: a page
 
@@ -41,12 +41,8 @@ def read_all(fd: int) -> bytes:
         out += chunk
 
 
-def wait_until(predicate: Callable[[], object], timeout: float) -> None:
-    """Poll every millisecond (the state machine's examples add up); fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.001)
+FAST = 0.001
+"""Seconds between polls of a wait here: the state machine's examples add up."""
 
 
 def line(n: int, size: int = 100) -> str:
@@ -92,14 +88,14 @@ def test_a_stderr_that_takes_nothing_never_holds_up_the_caller(pipe: tuple[int, 
         out += read_all(r)
         return done
 
-    wait_until(drained, 10)
+    wait_until(drained, 10, every=FAST)
     numbers = [int(text.split()[0]) for text in out.decode().splitlines()]
     assert numbers == sorted(numbers) and len(numbers) == 10_000 - dropped
     assert all(
         text == line(n).rstrip("\n") for n, text in zip(numbers, out.decode().splitlines(), strict=True)
     )
     assert numbers[0] == 0  # the first lines kept: they tell how it began
-    wait_until(lambda: sum(gaps) == dropped, 10)  # told once the batch the gap held up went out
+    wait_until(lambda: sum(gaps) == dropped, 10, every=FAST)  # told once the batch the gap held up went out
     assert writer.dropped == dropped
     writer.close()
 
@@ -112,7 +108,7 @@ def test_a_closed_stderr_drops_everything_without_waiting(pipe: tuple[int, int])
     told: list[int] = []
     writer = LineWriter(w, say_dropped=lambda n, first, last: told.append(n))
     writer.put(line(0))
-    wait_until(lambda: writer.broken is not None, 10)
+    wait_until(lambda: writer.broken is not None, 10, every=FAST)
     assert writer.broken == "EPIPE"
     for n in range(1, 5):
         writer.put(line(n))
@@ -185,7 +181,7 @@ class Interleavings(RuleBasedStateMachine):
                 self.out += read_all(self.r)
                 return done
 
-            wait_until(drained, 10)
+            wait_until(drained, 10, every=FAST)
             written = len(self.out.decode().splitlines())
             assert written + self.writer.dropped == self.next
             assert sum(self.gaps) <= self.writer.dropped  # a gap after the last line is told later
