@@ -15,11 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from cri_proxy.config import Config, check_cpus, is_loopback
 from cri_proxy.daemon.admin import AdminServer
 from cri_proxy.daemon.checkpoints import CheckpointKeeper
+from cri_proxy.daemon.fds import FdWatch, raise_limit
 from cri_proxy.daemon.health import HealthService
 from cri_proxy.daemon.http import HttpEndpoint
 from cri_proxy.daemon.kubelet_watch import KubeletWatch
@@ -116,6 +117,8 @@ class Proxy:
         self.recovery = RecoveryRuns(self._recover_once, config.runtime_endpoint)
         self.recovered = self.recovery.done
         self.supervisor = Supervisor()
+        frames = self.relay.frames
+        self.fds = FdWatch(lambda: len(frames.links) if frames is not None else None)
         self.reloader = Reloader(
             self.settings, reload, lambda new: check_cpus(new, topology.online), self._settings_swapped
         )
@@ -128,6 +131,7 @@ class Proxy:
             self.relay.forwarder.observer = CallMetrics(registry)
             registry.register(StateCollector(self._metrics_view))
             registry.register(SupervisorCollector(self.supervisor))
+            ProcessCollector(registry=registry)  # process_open_fds, _max_fds, _resident_memory_bytes, ...
             self.http = HttpEndpoint(config.metrics_address, registry, self._healthz, self._readyz)
 
     @property
@@ -176,6 +180,7 @@ class Proxy:
             run("kubernetes-events", self.events.run)
         run("checkpoint", self.checkpoints.run)
         run("runtime-probe", self.probe.run)
+        run("file-descriptors", self.fds.run)
         if not done:
             self.supervisor.job("recovery", self.recovery.until_done)
         interval = watchdog_interval()
@@ -309,6 +314,9 @@ def settle_heap() -> int:
 
 async def serve(config: Config, reload: Callable[[], Config] | None = None) -> None:
     """`cri-proxy serve`: the proxy in this process until SIGTERM."""
+    raised = raise_limit()
+    if raised is not None:
+        logger.debug("file descriptor limit raised from {:,} to {:,}", *raised)
     proxy = Proxy(config, reload)
 
     async def start() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import select
 import socket
 from collections.abc import Callable, Coroutine
@@ -203,8 +204,12 @@ class Link(asyncio.Protocol):
             )
         except (TimeoutError, OSError) as exc:
             if not self.closed and self.client is not None:
-                reason = str(exc) or type(exc).__name__
-                message = f"cri-proxy: runtime {self.relay.endpoint} is not reachable: {reason}"
+                reason, endpoint = str(exc) or type(exc).__name__, self.relay.endpoint
+                if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                    # the runtime is fine: the proxy itself is at its limit (daemon/fds.py says so)
+                    message = f"cri-proxy: out of file descriptors, {endpoint} not dialled: {reason}"
+                else:
+                    message = f"cri-proxy: runtime {endpoint} is not reachable: {reason}"
                 logger.debug("{}", message)
                 self._stand_in(message)
 

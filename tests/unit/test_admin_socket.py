@@ -8,6 +8,7 @@ CRI socket does before any request: the runtime's SETTINGS and ACK, PING answers
 from __future__ import annotations
 
 import asyncio
+import errno
 import grp
 import json
 import os
@@ -328,6 +329,33 @@ def test_runtime_unreachable_cri_fails_unavailable_while_the_admin_socket_answer
                     await ch.unary_unary(VERSION)(b"", timeout=5)
                 assert err.value.code() is grpc.StatusCode.UNAVAILABLE
                 assert "not reachable" in (err.value.details() or "")
+            assert isinstance(await n.introspect("Cpusets"), list)
+
+    run(main())
+
+
+def test_a_proxy_out_of_descriptors_says_so_not_that_the_runtime_is_gone(tmp_path: Path) -> None:
+    """A dial that fails with EMFILE is the proxy's own limit (daemon/fds.py warns of it): the
+    caller's UNAVAILABLE names that, not an unreachable runtime that is in fact fine."""
+
+    async def main() -> None:
+        async with node(tmp_path, relay_mode="frames") as n:
+            loop = asyncio.get_running_loop()
+
+            async def emfile(*args: object, **kwargs: object) -> None:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+            loop.create_unix_connection = emfile  # type: ignore[method-assign,assignment]
+            try:
+                async with grpc.aio.insecure_channel(f"unix://{tmp_path}/proxy.sock") as ch:
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await ch.unary_unary(VERSION)(b"", timeout=5)
+            finally:
+                del loop.create_unix_connection
+            assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+            details = err.value.details() or ""
+            assert "out of file descriptors" in details and "Too many open files" in details, details
+            assert "not reachable" not in details
             assert isinstance(await n.introspect("Cpusets"), list)
 
     run(main())

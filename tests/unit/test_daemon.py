@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -188,6 +189,12 @@ def test_metrics_and_health_endpoints(tmp_path: Path) -> None:
         assert 'cri_proxy_build_info{python="' in text and 'version="' in text
         assert "cri_proxy_dry_run 0.0" in text and "cri_proxy_cpuset_updates_replaced_total 0.0" in text
         assert "_created" not in text  # no creation-time series for any counter or histogram
+        limits = Path(f"/proc/{daemon.proc.pid}/limits").read_text()
+        soft = re.search(r"Max open files\s+(\d+)", limits)
+        exported = re.search(r"^process_max_fds (\S+)$", text, re.M)
+        assert soft is not None and exported is not None and float(exported[1]) == int(soft[1])
+        assert re.search(r"^process_open_fds [1-9]", text, re.M)  # the standard process series
+        assert re.search(r"^process_resident_memory_bytes [1-9]", text, re.M)
         assert _get(base + "/nothing")[0] == 404
         daemon.fake.terminate()  # the runtime goes away
         daemon.fake.wait(10)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
+import resource
 import signal
 import socket
 import stat
@@ -429,4 +431,52 @@ def test_a_sighup_during_the_start_is_applied_once_started(tmp_path: Path) -> No
         wait_until(lambda: "configuration reloaded" in log.read_text(), 10, "the reload after the start")
         assert stop(proc) == 0
     finally:
+        stop(proc)
+
+
+def test_out_of_file_descriptors_is_said_and_outlived(tmp_path: Path, fake: Path) -> None:
+    """A client that leaves connections open until the proxy is at its descriptor limit (each
+    connection costs it two: the client's and its own to the runtime). The proxy says so once,
+    naming the limit and the connections. A new call fails at once with UNAVAILABLE (or is
+    served, where a connection whose runtime could not be dialled was let go meanwhile), and
+    never hangs. Once the client lets go, the proxy says so and answers as before. Nothing was
+    said before: uvloop closes what it cannot accept unseen. The start first raises a soft limit
+    below the hard one, as every Go daemon does (here 64 -> 96)."""
+    sock = tmp_path / "proxy.sock"
+    log = tmp_path / "proxy.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            serve_command(tmp_path, fake),
+            stdout=out,
+            stderr=out,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 96)),
+        )
+    held: list[socket.socket] = []
+    try:
+        wait_for_socket(sock, proc, log=log)
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        assert re.search(r"Max open files\s+96\s+96\s", limits), limits
+        for _ in range(60):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(sock))
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # + SETTINGS
+            held.append(s)
+        said = re.compile(r"WARNING +file descriptors: \d+ of the limit 96 in use \(\d+ client connections\)")
+        wait_until(lambda: said.search(log.read_text()), 20, "the warning about the descriptors")
+        with CriClient(f"unix://{sock}") as client:  # refused, or served where a stand-in has let go
+            try:
+                client.runtime.Version(v1.VersionRequest(), timeout=10)
+            except grpc.RpcError as refused:
+                assert refused.code() is grpc.StatusCode.UNAVAILABLE, refused
+        for s in held:
+            s.close()
+        held.clear()
+        wait_until(lambda: "of the limit 96 in use again" in log.read_text(), 20, "the all-clear")
+        with CriClient(f"unix://{sock}") as client:
+            assert client.runtime.Version(v1.VersionRequest(), timeout=5).runtime_name
+        text = log.read_text()
+        assert text.count("file descriptors:") == 2 and "Traceback" not in text
+    finally:
+        for s in held:
+            s.close()
         stop(proc)
