@@ -95,14 +95,19 @@ class Config:
         for key in ("listen", "runtime_endpoint"):
             if not getattr(self, key):
                 raise ConfigError(f"{key}: must not be empty")
-        try:
-            admin = socket_path(self.admin_endpoint)
-        except EndpointError as exc:
-            raise ConfigError(f"admin_listen: {exc}") from None
-        try:
-            listen = socket_path(self.listen)
-        except EndpointError:
-            listen = None  # the relay refuses it, naming it, as it starts
+        for key, endpoint in (
+            ("listen", self.listen),
+            ("runtime_endpoint", self.runtime_endpoint),
+            (
+                "admin_listen" if self.admin_listen.strip() else "admin_listen (unset: beside listen)",
+                self.admin_endpoint,
+            ),
+        ):
+            try:
+                socket_path(endpoint)
+            except EndpointError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+        admin, listen = socket_path(self.admin_endpoint), socket_path(self.listen)
         if admin is None:
             raise ConfigError(f"admin_listen: must be a unix:// socket, not {self.admin_listen!r}")
         if admin == listen:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from cri_proxy.errors import EndpointError
 
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path on Linux (sun_path is 108, with its NUL)
+
 
 def socket_path(endpoint: str) -> Path | None:
     """The filesystem path of a `unix://` endpoint, or None for a TCP one."""
@@ -28,6 +30,11 @@ def socket_path(endpoint: str) -> Path | None:
         return None
     if not path.startswith("/"):
         raise EndpointError(f"unix endpoint {endpoint!r} must name an absolute path")
+    size = len(os.fsencode(path))
+    if size > SUN_PATH_MAX:  # bind and connect would fail, and grpcio's words for it are vague
+        raise EndpointError(
+            f"unix endpoint {endpoint!r}: its path is {size} bytes, over the {SUN_PATH_MAX} a socket's holds"
+        )
     return Path(path)
 
 
@@ -105,6 +112,18 @@ def prepare_listen_socket(path: Path, allow_world_writable_dir: bool = False) ->
         raise EndpointError(
             f"cannot remove stale socket {path}: {os.strerror(exc.errno or errno.EIO)}"
         ) from exc
+
+
+def why_not_bound(path: Path) -> str:
+    """Why grpcio could not bind a socket at `path`: it says only "Failed to bind" (the cause is in
+    its own log line, if anywhere), so the same bind is tried here and its errno named."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(str(path))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    remove_socket(path)  # made just now, by this bind
+    return "grpcio could not bind it, though a bind of the same path here could"
 
 
 def secure_socket(path: Path, mode: int, group: str, key: str) -> None:

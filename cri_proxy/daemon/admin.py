@@ -16,7 +16,13 @@ import grpc.aio
 from loguru import logger
 
 from cri_proxy.config import Config
-from cri_proxy.endpoints import prepare_listen_socket, remove_socket, secure_socket, socket_path
+from cri_proxy.endpoints import (
+    prepare_listen_socket,
+    remove_socket,
+    secure_socket,
+    socket_path,
+    why_not_bound,
+)
 from cri_proxy.errors import EndpointError
 
 ADMIN_SOCKET_MODE = 0o600
@@ -46,13 +52,16 @@ class AdminServer:
         prepare_listen_socket(self.path, self.allow_world_writable_dir)
         old = os.umask(0o177)  # born 0600: no moment where others may connect
         try:
-            bound = self.server.add_insecure_port(f"unix://{self.path}")
-        except RuntimeError as exc:
-            raise EndpointError(f"cannot listen on the admin socket {self.path}: {exc}") from exc
+            try:
+                bound = self.server.add_insecure_port(f"unix://{self.path}")
+            except RuntimeError:
+                bound = 0
+            if not bound:  # grpcio says only "Failed to bind"
+                raise EndpointError(
+                    f"cannot listen on the admin socket {self.path}: {why_not_bound(self.path)}"
+                )
         finally:
             os.umask(old)
-        if not bound:
-            raise EndpointError(f"cannot listen on the admin socket {self.path}")
         self._bound = True
         try:
             mode = ADMIN_GROUP_SOCKET_MODE if self.group else ADMIN_SOCKET_MODE

@@ -14,7 +14,14 @@ import grpc.aio
 from loguru import logger
 
 from cri_proxy.config import Config
-from cri_proxy.endpoints import grpc_target, prepare_listen_socket, remove_socket, secure_socket, socket_path
+from cri_proxy.endpoints import (
+    grpc_target,
+    prepare_listen_socket,
+    remove_socket,
+    secure_socket,
+    socket_path,
+    why_not_bound,
+)
 from cri_proxy.errors import EndpointError
 from cri_proxy.relay.forward import FailPolicy, Forwarder
 from cri_proxy.relay.heap import HeapTrim, malloc_trim
@@ -129,7 +136,8 @@ class Relay:
         try:
             bound = self.server.add_insecure_port(target)
         except RuntimeError as exc:
-            raise EndpointError(f"cannot listen on {self.config.listen}: {exc}") from exc
+            why = why_not_bound(self._socket) if self._socket is not None else str(exc)
+            raise EndpointError(f"cannot listen on {self.config.listen}: {why}") from None
         if self._socket is None and bound == 0:
             raise EndpointError(f"cannot listen on {self.config.listen}")
 

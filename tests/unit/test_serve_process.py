@@ -6,6 +6,7 @@ import fcntl
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import stat
@@ -213,6 +214,16 @@ def test_config_file_sets_endpoints_and_flags_override(tmp_path: Path, fake: Pat
         ('max_recv_message_bytes = "big"\n', "max_recv_message_bytes"),
         ('fail_policy = "sometimes"\n', "fail_policy"),
         ("listen = [\n", "not valid TOML"),
+        (
+            'listen = "unix:relative.sock"\n',
+            "listen: unix endpoint 'unix:relative.sock' must name an absolute",
+        ),
+        # a Unix socket's path holds 107 bytes: bind and connect fail past it, and grpcio's words
+        # for it were vague (the admin socket's start failed after the runtime's recovery)
+        (f'listen = "unix:///{"d" * 120}.sock"\n', "listen: unix endpoint 'unix:///dddd"),
+        (f'runtime_endpoint = "/{"d" * 120}.sock"\n', "runtime_endpoint: unix endpoint '/ddd"),
+        (f'admin_listen = "unix:///{"d" * 120}.sock"\n', "admin_listen: unix endpoint 'unix:///dddd"),
+        (f'listen = "unix:///{"d" * 99}/c.sock"\n', "admin_listen (unset: beside listen): unix endpoint"),
     ],
 )
 def test_bad_config_refuses_to_start_naming_the_key(tmp_path: Path, text: str, names: str) -> None:
@@ -222,6 +233,8 @@ def test_bad_config_refuses_to_start_naming_the_key(tmp_path: Path, text: str, n
     assert out.returncode == 2
     assert names in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    if "dddd" in text:
+        assert "bytes, over the 107 a socket's holds" in out.stderr
 
 
 def test_missing_explicit_config_file_is_an_error(tmp_path: Path) -> None:
@@ -480,3 +493,47 @@ def test_out_of_file_descriptors_is_said_and_outlived(tmp_path: Path, fake: Path
         for s in held:
             s.close()
         stop(proc)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare: mounts a tmpfs"
+)
+@pytest.mark.parametrize("which", ["admin socket", "CRI socket, frames mode", "CRI socket, grpc mode"])
+def test_a_socket_that_cannot_be_bound_is_named_with_its_cause(
+    tmp_path: Path, fake: Path, which: str
+) -> None:
+    """A socket's directory on a file system with no inode left: the start ends (exit 1) with one
+    line naming the socket and the cause. grpcio, which binds the admin socket and, in grpc mode,
+    the CRI socket, says only "Failed to bind"; the cause was in its own log line alone."""
+    full = tmp_path / "full"
+    full.mkdir()
+    fill = (
+        f"mount -t tmpfs -o nr_inodes=4,mode=0755 none {full} && for i in 1 2 3 4 5; do true >{full}/$i; done"
+    )
+    where = {
+        "admin socket": ["--admin-listen", f"unix://{full}/admin.sock"],
+        "CRI socket, frames mode": ["--listen", f"unix://{full}/cri.sock"],
+        "CRI socket, grpc mode": ["--relay-mode", "grpc", "--listen", f"unix://{full}/cri.sock"],
+    }[which]
+    argv = serve_command(tmp_path, fake, "--admin-listen", f"unix://{tmp_path}/admin.sock", *where)
+    out = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'{fill} 2>/dev/null; exec "$@"',
+            "-",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.splitlines()[-1]
+    assert last.startswith("cri-proxy serve: cannot listen on ") and str(full) in last, last
+    assert last.endswith(": No space left on device"), last
+    assert "Traceback" not in out.stderr
