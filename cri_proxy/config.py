@@ -177,18 +177,30 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_cpus(config: Config, online: CPUSet) -> None:
-    """`reserved_cpus` and `system_cpus` against the node: only online CPUs, and not every one reserved."""
+def check_cpus(config: Config, online: CPUSet, present: CPUSet | None = None) -> list[str]:
+    """`reserved_cpus` and `system_cpus` against the node: CPUs it has, and not every one reserved.
+
+    A CPU the node has (`present`) but that is offline now (taken out by an operator, or by the
+    kernel's handling of a failing core) is no reason to refuse a start: the node's CRI path would
+    be down for it. It is named in the warnings returned, and used once it is online again."""
+    has = online if present is None else present | online
+    warnings = []
     for key in ("reserved_cpus", "system_cpus"):
         cpus = CPUSet.parse(getattr(config, key))
-        missing = cpus - online
+        missing = cpus - has
         if missing:
             raise ConfigError(f"{key}: CPUs {missing} are not online on this node (online: {online})")
-    if online and CPUSet.parse(config.reserved_cpus) >= online:
+        if cpus - online:
+            warnings.append(f"{key}: CPUs {cpus - online} are offline now (online: {online})")
+    reserved = CPUSet.parse(config.reserved_cpus)
+    if has and reserved >= has:
         raise ConfigError(
             f"reserved_cpus: {config.reserved_cpus} covers every online CPU ({online}),"
             " which leaves no CPU for the share pools"
         )
+    if online and reserved >= online:
+        warnings.append(f"reserved_cpus: {config.reserved_cpus} covers every CPU online now ({online})")
+    return warnings
 
 
 RELOADABLE = frozenset(

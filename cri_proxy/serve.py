@@ -18,6 +18,7 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from cri_proxy.config import Config, check_cpus, is_loopback
+from cri_proxy.cpu.topology import Topology
 from cri_proxy.daemon.admin import AdminServer
 from cri_proxy.daemon.checkpoints import CheckpointKeeper
 from cri_proxy.daemon.fds import FdWatch, raise_limit
@@ -32,6 +33,7 @@ from cri_proxy.daemon.reload import Reloader
 from cri_proxy.daemon.runtime_probe import RuntimeProbe
 from cri_proxy.daemon.stacks import stacks_text
 from cri_proxy.daemon.supervisor import Supervisor
+from cri_proxy.daemon.topology_watch import TopologyWatch
 from cri_proxy.endpoints import prepare_listen_socket, socket_path
 from cri_proxy.enforce.actual import actual_reader
 from cri_proxy.enforce.hooks import EnforceHooks
@@ -40,6 +42,7 @@ from cri_proxy.enforce.observe import cgroup_first, runtime_observer, status_rea
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.enforce.reconciler import Reconciler, channel_sender
 from cri_proxy.enforce.sync import Syncer
+from cri_proxy.errors import ConfigError
 from cri_proxy.logs import log_lines_dropped, setup_logging, write_put_off
 from cri_proxy.relay.hooks import HookTable
 from cri_proxy.relay.server import Relay, run_until_signalled
@@ -50,7 +53,7 @@ from cri_proxy.sources.kube_events import Correlator, EventPoster, client_sender
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.lock import StateDirLock
 from cri_proxy.state.model import NodeState
-from cri_proxy.sysfs import read_topology
+from cri_proxy.sysfs import read_present, read_topology
 
 
 class Proxy:
@@ -59,7 +62,9 @@ class Proxy:
     def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
         self.settings = Settings(config)
         topology = read_topology(config.sysfs_root)
-        check_cpus(config, topology.online)
+        self.present = read_present(config.sysfs_root)  # CPUs the node has, online or not
+        for warning in check_cpus(config, topology.online, self.present):
+            logger.warning("{}: used once online again", warning)
         self.state = NodeState()
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
         self.kube_api = (
@@ -119,8 +124,9 @@ class Proxy:
         self.supervisor = Supervisor()
         frames = self.relay.frames
         self.fds = FdWatch(lambda: len(frames.links) if frames is not None else None)
-        self.reloader = Reloader(
-            self.settings, reload, lambda new: check_cpus(new, topology.online), self._settings_swapped
+        self.reloader = Reloader(self.settings, reload, self._check_cpus, self._settings_swapped)
+        self.topology_watch = TopologyWatch(
+            config.sysfs_root, lambda: self.policy.topology, self._topology_changed
         )
         self._reload_wanted = False
         self._started = False  # a SIGHUP before then is applied once started
@@ -181,6 +187,7 @@ class Proxy:
         run("checkpoint", self.checkpoints.run)
         run("runtime-probe", self.probe.run)
         run("file-descriptors", self.fds.run)
+        run("cpu-topology", self.topology_watch.run)
         if not done:
             self.supervisor.job("recovery", self.recovery.until_done)
         interval = watchdog_interval()
@@ -251,6 +258,24 @@ class Proxy:
         if (old.log_level, old.log_format) != (new.log_level, new.log_format):
             setup_logging(new.log_level, new.log_format)
         self.reconciler.request()  # new CPUs, period or concurrency take effect on this pass
+
+    def _check_cpus(self, config: Config) -> None:
+        """A reload's CPUs against the topology in force: refused as at the start, warned of when
+        offline now."""
+        for warning in check_cpus(config, self.policy.topology.online, self.present):
+            logger.warning("{}: used once online again", warning)
+
+    def _topology_changed(self, topology: Topology) -> None:
+        """CPUs went offline or came online: every decision over the new topology, and the settings'
+        CPUs named where they are offline now (a bad setting still, only at a start or reload)."""
+        self.policy.topology = topology
+        try:
+            warnings = check_cpus(self.config, topology.online, self.present)
+        except ConfigError as exc:
+            warnings = [str(exc)]
+        for warning in warnings:
+            logger.warning("{}", warning)
+        self._facts_changed()
 
     def _facts_changed(self) -> None:
         """The kubelet's file or the Kubernetes API's view of a pod changed: decide again."""

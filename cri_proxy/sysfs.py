@@ -1,7 +1,7 @@
 """Read the node's CPU topology from sysfs (the I/O half; `cri_proxy.cpu.topology` is the value).
 
 The root is configurable so tests can build a fake tree. Files read:
-`<root>/devices/system/cpu/online`, `<root>/devices/system/node/node<N>/cpulist`,
+`<root>/devices/system/cpu/online` (and `present`), `<root>/devices/system/node/node<N>/cpulist`,
 `<root>/devices/system/cpu/cpu<N>/topology/physical_package_id`.
 """
 
@@ -40,6 +40,17 @@ def _cpulist(path: Path) -> CPUSet:
         raise SysfsError(f"{path}: {e}") from None
 
 
+def read_online(root: Path | str = DEFAULT_ROOT) -> CPUSet:
+    """The online CPUs alone: what `TopologyWatch` looks at every few seconds."""
+    return _cpulist(Path(root) / "devices" / "system" / "cpu" / "online")
+
+
+def read_present(root: Path | str = DEFAULT_ROOT) -> CPUSet | None:
+    """The CPUs this node has, online or not (`cpu/present`); None where the tree has no such file."""
+    path = Path(root) / "devices" / "system" / "cpu" / "present"
+    return _cpulist(path) if path.exists() else None
+
+
 def read_topology(root: Path | str = DEFAULT_ROOT) -> Topology:
     """Online CPUs, NUMA nodes (one node 0 when sysfs has none) and sockets.
 
@@ -48,7 +59,7 @@ def read_topology(root: Path | str = DEFAULT_ROOT) -> Topology:
     sockets mirror the NUMA nodes, as in a snapshot without `sockets`.
     """
     base = Path(root) / "devices" / "system"
-    online = _cpulist(base / "cpu" / "online")
+    online = read_online(root)
     nodes: dict[int, CPUSet] = {}
     node_root = base / "node"
     if node_root.is_dir():
