@@ -33,7 +33,7 @@ from cri_proxy.daemon.reload import Reloader
 from cri_proxy.daemon.runtime_probe import RuntimeProbe
 from cri_proxy.daemon.stacks import stacks_text
 from cri_proxy.daemon.supervisor import Supervisor
-from cri_proxy.daemon.topology_watch import TopologyWatch
+from cri_proxy.daemon.topology_watch import Seen, TopologyWatch
 from cri_proxy.endpoints import prepare_listen_socket, socket_path
 from cri_proxy.enforce.actual import actual_reader
 from cri_proxy.enforce.hooks import EnforceHooks
@@ -61,9 +61,14 @@ class Proxy:
 
     def __init__(self, config: Config, reload: Callable[[], Config] | None = None) -> None:
         self.settings = Settings(config)
-        topology = read_topology(config.sysfs_root)
+        cgroups = CgroupReader(config.cgroup_root)  # what a container really has
+        sysfs = read_topology(config.sysfs_root)
+        seen = Seen(sysfs.online, cgroups.pod_root_cpus())  # the CPUs pods can be given
+        topology = sysfs.only(seen.usable)
+        if (left_out := seen.left_out()) is not None:
+            logger.warning("{}", left_out)
         self.present = read_present(config.sysfs_root)  # CPUs the node has, online or not
-        for warning in check_cpus(config, topology.online, self.present):
+        for warning in check_cpus(config, sysfs.online, self.present):
             logger.warning("{}: used once online again", warning)
         self.state = NodeState()
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
@@ -86,7 +91,6 @@ class Proxy:
         self.admin = AdminServer(config, (self.introspection, self.health))
         self.probe = RuntimeProbe(self.relay.channel, config.runtime_endpoint, on_back=self._runtime_back)
         self.syncer = Syncer(self.state, self.relay.channel)
-        cgroups = CgroupReader(config.cgroup_root)  # what a container really has
         self.reconciler = Reconciler(
             self.state,
             self.policy,
@@ -126,7 +130,11 @@ class Proxy:
         self.fds = FdWatch(lambda: len(frames.links) if frames is not None else None)
         self.reloader = Reloader(self.settings, reload, self._check_cpus, self._settings_swapped)
         self.topology_watch = TopologyWatch(
-            config.sysfs_root, lambda: self.policy.topology, self._topology_changed
+            config.sysfs_root,
+            seen,
+            cgroups.pod_root_cpus,
+            self._topology_changed,
+            lambda: [p.cgroup_parent for p in self.state.pods()],
         )
         self._reload_wanted = False
         self._started = False  # a SIGHUP before then is applied once started
@@ -262,7 +270,7 @@ class Proxy:
     def _check_cpus(self, config: Config) -> None:
         """A reload's CPUs against the topology in force: refused as at the start, warned of when
         offline now."""
-        for warning in check_cpus(config, self.policy.topology.online, self.present):
+        for warning in check_cpus(config, self.topology_watch.seen.online, self.present):
             logger.warning("{}: used once online again", warning)
 
     def _topology_changed(self, topology: Topology) -> None:
@@ -270,7 +278,7 @@ class Proxy:
         CPUs named where they are offline now (a bad setting still, only at a start or reload)."""
         self.policy.topology = topology
         try:
-            warnings = check_cpus(self.config, topology.online, self.present)
+            warnings = check_cpus(self.config, self.topology_watch.seen.online, self.present)
         except ConfigError as exc:
             warnings = [str(exc)]
         for warning in warnings:

@@ -72,9 +72,13 @@ def serve_command(
     Listens on `listen` (default tmp/proxy.sock), relays to `runtime`: a socket path, an endpoint
     ("unix://..."), or None for no --runtime-endpoint (a proxy that must refuse before it gets that
     far). State dir tmp/state and kubelet state file tmp/cpu_manager_state unless given; `extra`
-    flags come last (the last of a repeated flag wins).
+    flags come last (the last of a repeated flag wins). A fake sysfs (`--sysfs-root` in `extra`)
+    goes with a cgroup root of its own, tmp/cgroup, unless `--cgroup-root` is given too: the
+    host's pod cgroups would bound the fake CPUs (`CgroupReader.pod_root_cpus`).
     """
     endpoint = runtime if isinstance(runtime, str) else f"unix://{runtime}"
+    if "--sysfs-root" in extra and "--cgroup-root" not in extra:
+        extra = ("--cgroup-root", str(tmp / "cgroup"), *extra)
     return [
         CLI,
         "serve",

@@ -58,6 +58,10 @@ def register(sub: Any) -> None:
         help="kubelet's CPU manager state (default /var/lib/kubelet/cpu_manager_state)",
     )
     p.add_argument("--sysfs-root", help="sysfs to read the CPU topology from (default /sys)")
+    p.add_argument(
+        "--cgroup-root",
+        help="the cgroup file system, to read containers' and pods' cpusets (default /sys/fs/cgroup)",
+    )
     p.add_argument("--reserved-cpus", help="CPUs never handed to a share pool (cpulist, default none)")
     p.add_argument("--system-cpus", help="CPUs for SYSTEM-class pods (cpulist, default: the LS pool)")
     p.add_argument(
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         "metrics_address": args.metrics_address,
         "kubelet_state_file": args.kubelet_state_file,
         "sysfs_root": args.sysfs_root,
+        "cgroup_root": args.cgroup_root,
         "reserved_cpus": args.reserved_cpus,
         "system_cpus": args.system_cpus,
         "dry_run": args.dry_run,

@@ -43,6 +43,16 @@ class Topology:
         """A machine without NUMA information: node 0 and socket 0 hold every online CPU."""
         return cls.build({0: online}, {0: online}, online)
 
+    def only(self, cpus: CPUSet) -> Topology:
+        """The same topology with only `cpus` online (and on their nodes and sockets)."""
+        if cpus >= self.online:
+            return self
+        return Topology(
+            online=self.online & cpus,
+            numa_nodes=_frozen({n: c & cpus for n, c in self.numa_nodes.items()}),
+            sockets=_frozen({s: c & cpus for s, c in self.sockets.items()}),
+        )
+
     def cpus_of(self, nodes: Iterable[int] = (), sockets: Iterable[int] = ()) -> CPUSet:
         """CPUs on any of the given NUMA nodes or sockets; ids the node lacks add nothing."""
         mask = 0

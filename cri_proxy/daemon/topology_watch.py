@@ -1,55 +1,97 @@
-"""The node's online CPUs, looked at every few seconds: a CPU taken offline or brought back changes
-the decisions, and the running containers follow.
+"""The CPUs pods can be given, looked at every few seconds: a CPU taken offline or brought back
+changes the decisions, and the running containers follow.
 
 CPUs go offline under a running node: an operator (`echo 0 > .../cpuN/online`), the kernel's
-handling of a core that reports machine checks (mcelog, rasdaemon), a VM's vCPU unplugged. A
-cpuset that names an offline CPU cannot be written under cgroup v1 (EINVAL: runc cannot create
-the container), and a CPU brought back is in no container's cpuset until something writes it
-(v1 drops it from every cpuset for good). So when `cpu/online` changes, the whole topology is read
-again and handed over (`changed`): every decision is made over it, and the reconciler moves the
-containers. An unreadable file leaves the topology in force as it is, said once.
+handling of a core that reports machine checks (mcelog, rasdaemon), a VM's vCPU unplugged. Under
+cgroup v1 a cpuset naming an offline CPU cannot be written (EINVAL: runc cannot create the
+container), and the kernel takes the CPU out of every cpuset for good: back online, it is in no
+pod cgroup until something writes it there, and a cpuset naming it cannot be written below them
+(EACCES). So the CPUs decisions are made over are the online ones that the cgroups above the
+pods hold (`CgroupReader.pod_root_cpus`; every online one under v2). When they change, the
+topology is read again and handed over (`changed`): every decision is made over it, and the
+reconciler moves the containers. An unreadable `cpu/online` leaves the topology in force as it
+is, said once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
 
+from cri_proxy.cpu import CPUSet
 from cri_proxy.cpu.topology import Topology
 from cri_proxy.errors import SysfsError
 from cri_proxy.sysfs import read_online, read_topology
 
-EVERY = 5.0  # seconds between looks at cpu/online (one small file)
+EVERY = 5.0  # seconds between looks (cpu/online and a few cgroup files)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one look found: the online CPUs and what the pod cgroups hold (by cgroup)."""
+
+    online: CPUSet
+    held: Mapping[str, CPUSet]
+
+    @property
+    def usable(self) -> CPUSet:
+        cpus = self.online
+        for held in self.held.values():
+            cpus = cpus & held
+        return cpus
+
+    def left_out(self) -> str | None:
+        """The online CPUs pods cannot be given, and which cgroups lack them; None when none."""
+        out = self.online - self.usable
+        if not out:
+            return None
+        short = ", ".join(f"{path} has {cpus or '-'}" for path, cpus in self.held.items() if out - cpus)
+        return (
+            f"CPUs {out} are online but not in the pod cgroups' cpuset.cpus ({short}): cgroup v1 takes"
+            " a CPU that went offline out of every cpuset and never gives it back, so a container"
+            " cannot be put on them; pods are given the others until those cgroups hold them again"
+        )
+
+
+def usable_topology(root: Path | str, seen: Seen) -> Topology:
+    """The sysfs topology cut to the CPUs pods can be given."""
+    return read_topology(root).only(seen.usable)
 
 
 class TopologyWatch:
     def __init__(
         self,
         root: Path | str,
-        current: Callable[[], Topology],
+        seen: Seen,
+        held: Callable[[list[str]], Mapping[str, CPUSet]],
         changed: Callable[[Topology], None],
+        parents: Callable[[], list[str]] = list,
         every: float = EVERY,
     ) -> None:
         self.root = root
-        self.current = current
+        self.seen = seen  # as of the topology in force
+        self.held = held  # the pod cgroups' sets, given the pods' cgroup parents (read in a thread)
+        self.parents = parents  # the pods' cgroup parents, read on the loop
         self.changed = changed
         self.every = every
         self.trouble: str | None = None  # the last fault said, until the file reads again
 
     async def look(self) -> bool:
-        """Read `cpu/online`; on a change, the topology again, handed to `changed`. True then."""
-        before = self.current().online
+        """Read `cpu/online` and the pod cgroups' sets; when the CPUs pods can be given changed,
+        the topology again, handed to `changed`. True then."""
+        before = self.seen
         try:
             online = await asyncio.to_thread(read_online, self.root)
-            if online == before:
-                topology = None
-            elif not online:
+            if not online:
                 raise SysfsError(f"{Path(self.root) / 'devices/system/cpu/online'}: no CPU online")
-            else:
-                topology = await asyncio.to_thread(read_topology, self.root)
+            seen = Seen(online, await asyncio.to_thread(self.held, self.parents()))
+            topology = None
+            if seen.usable != before.usable:
+                topology = await asyncio.to_thread(usable_topology, self.root, seen)
         except SysfsError as exc:
             if str(exc) != self.trouble:
                 logger.warning("CPU topology not read again (the one in force stays): {}", exc)
@@ -58,21 +100,26 @@ class TopologyWatch:
         if self.trouble is not None:
             logger.info("CPU topology readable again")
             self.trouble = None
+        if seen == before:
+            return False
+        self.seen = seen
+        gone, back = before.online - seen.online, seen.online - before.online
+        if gone:
+            logger.warning("CPUs {} went offline (online now {})", gone, seen.online)
+        if back:
+            logger.info("CPUs {} came online (online now {})", back, seen.online)
+        left_out = seen.left_out()
+        if left_out is not None and left_out != before.left_out():
+            logger.warning("{}", left_out)
+        elif left_out is None and before.left_out() is not None:
+            logger.info("the pod cgroups hold every online CPU again")
         if topology is None:
             return False
-        gone, back = before - topology.online, topology.online - before
-        if gone:
-            logger.warning(
-                "CPUs {} went offline (online now {}): decisions made again, containers moved off them",
-                gone,
-                topology.online,
-            )
-        if back:
-            logger.info(
-                "CPUs {} came online (online now {}): decisions made again, the pools take them",
-                back,
-                topology.online,
-            )
+        logger.info(
+            "pods are given CPUs {} now (were {}): decisions made again, containers updated",
+            seen.usable,
+            before.usable,
+        )
         self.changed(topology)
         return True
 

@@ -17,6 +17,7 @@ has an empty `cpuset.cpus`: its `cpuset.cpus.effective` is what it gets.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from cri_proxy.cpu import CPUSet
@@ -91,6 +92,53 @@ class CgroupReader:
             except CpuError:
                 return None
         return None
+
+    def pod_root_cpus(self, cgroup_parents: Iterable[str] = ()) -> dict[str, CPUSet]:
+        """cgroup v1: the `cpuset.cpus` of each cgroup above the pods that exists (`pod_roots`).
+
+        A container's cpuset must lie within its parents' there (else EACCES: runc cannot create
+        it), and v1 takes a CPU that went offline out of every cpuset for good: back online, it is
+        in none of them until something writes it. Empty under v2 (a parent's set only narrows
+        what a child gets, it never refuses a write) or where none can be read."""
+        found = self.hierarchy()
+        if found is None or found[1]:
+            return {}
+        base = found[0]
+        out: dict[str, CPUSet] = {}
+        for relative in pod_roots(cgroup_parents):
+            try:
+                cpus = CPUSet.parse(_read(base / relative / "cpuset.cpus").strip())
+            except (OSError, CpuError):
+                continue
+            if cpus:  # an empty one holds no task: not set up, not a bound
+                out[relative] = cpus
+        return out
+
+
+POD_ROOTS = (
+    "kubepods",
+    "kubepods/burstable",
+    "kubepods/besteffort",
+    "kubepods.slice",
+    "kubepods.slice/kubepods-burstable.slice",
+    "kubepods.slice/kubepods-besteffort.slice",
+)
+"""The kubelet's pod cgroups above the pods (its default `--cgroup-root`, both drivers)."""
+
+
+def pod_roots(cgroup_parents: Iterable[str]) -> list[str]:
+    """The cgroups above the pods: the kubelet's defaults and the first two levels of each pod's
+    parent (a `--cgroup-root` of another name), relative to a hierarchy's root."""
+    roots = dict.fromkeys(POD_ROOTS)
+    for parent in cgroup_parents:
+        parent = parent.strip("/")
+        if parent.endswith(".slice") and "/" not in parent:
+            parent = expand_slice(parent)
+        levels = [p for p in parent.split("/") if p not in ("", ".", "..")][:3]
+        for depth in (1, 2):
+            if len(levels) > depth:  # a level above the pod's own
+                roots.setdefault("/".join(levels[:depth]))
+    return list(roots)
 
 
 def _read(path: Path) -> str:

@@ -164,6 +164,7 @@ async def node(
             state_dir=str(tmp / "state"),
             kubelet_state_file=str(kubelet_file),
             sysfs_root=str(sysfs),
+            cgroup_root=str(tmp / "cgroup"),  # not the host's: its kubepods would bound the fake CPUs
             kubelet_poll_seconds=0.05,
         )
         settings.update(config)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cri_proxy.sources.cgroupfs import CgroupReader, container_dirs, expand_slice
+from cri_proxy.sources.cgroupfs import POD_ROOTS, CgroupReader, container_dirs, expand_slice, pod_roots
 
 CID = "4f" * 32
 
@@ -94,3 +94,32 @@ def test_a_fifo_does_not_block(tmp_path: Path) -> None:
     target.mkdir(parents=True)
     os.mkfifo(target / "cpuset.cpus")
     assert CgroupReader(str(root)).read("/kubepods/podx", CID) is None
+
+
+def test_the_cgroups_above_the_pods_for_either_driver_and_any_cgroup_root() -> None:
+    roots = pod_roots(
+        [
+            "/kubepods/burstable/poduid",
+            "/kubepods/poduid",  # guaranteed: no QoS level
+            "kubepods-besteffort-pod1_2.slice",
+            "/custom/burstable/podx",  # a kubelet --cgroup-root of another name
+            "/../..",
+        ]
+    )
+    assert roots == [*POD_ROOTS, "custom", "custom/burstable"]  # never a pod's own, never outside
+
+
+def test_the_pod_cgroups_cpus_under_v1_only(tmp_path: Path) -> None:
+    v1 = v1_root(tmp_path / "v1")
+    write(v1 / "cpuset/kubepods/cpuset.cpus", "0-7\n")
+    write(v1 / "cpuset/kubepods/besteffort/cpuset.cpus", "0-3\n")
+    write(v1 / "cpuset/kubepods/burstable/cpuset.cpus", "\n")  # not set up: no bound
+    write(v1 / "cpuset/kubepods.slice/cpuset.cpus", "garbage\n")
+    assert {k: str(v) for k, v in CgroupReader(str(v1)).pod_root_cpus().items()} == {
+        "kubepods": "0-7",
+        "kubepods/besteffort": "0-3",
+    }
+    v2 = v2_root(tmp_path / "v2")
+    write(v2 / "kubepods/cpuset.cpus", "0-3\n")  # a v2 parent narrows what a child gets, never refuses
+    assert CgroupReader(str(v2)).pod_root_cpus() == {}
+    assert CgroupReader(str(tmp_path / "none")).pod_root_cpus() == {}

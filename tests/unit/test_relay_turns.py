@@ -406,6 +406,7 @@ def _proxy(tmp_path: Any) -> Any:
         state_dir=str(tmp_path / "state"),
         kubelet_state_file=str(tmp_path / "cpu_manager_state"),
         sysfs_root=str(fake_sysfs(tmp_path / "sys", {0: "0-7"})),
+        cgroup_root=str(tmp_path / "cgroup"),
     ).validate()
     return Proxy(config)
 

@@ -13,7 +13,7 @@ from loguru import logger
 
 from cri_proxy.config import Config, check_cpus
 from cri_proxy.cpu import CPUSet
-from cri_proxy.daemon.topology_watch import TopologyWatch
+from cri_proxy.daemon.topology_watch import Seen, TopologyWatch
 from cri_proxy.errors import ConfigError
 from cri_proxy.sysfs import read_topology
 from tests.unit.enforce_support import alloc, fake_sysfs, node
@@ -25,8 +25,14 @@ def run(coro: object) -> None:
 
 @contextlib.contextmanager
 def said(level: str = "INFO") -> Iterator[list[str]]:
+    """The lines the topology watch logs meanwhile (not the creates' and the reconciler's)."""
     lines: list[str] = []
-    sink = logger.add(lambda m: lines.append(str(m).rstrip("\n")), level=level, format="{level} {message}")
+    sink = logger.add(
+        lambda m: lines.append(str(m).rstrip("\n")),
+        level=level,
+        format="{level} {message}",
+        filter=lambda record: record["name"] in ("cri_proxy.daemon.topology_watch", "cri_proxy.serve"),
+    )
     try:
         yield lines
     finally:
@@ -54,11 +60,11 @@ def test_containers_follow_cpus_going_offline_and_coming_back(tmp_path: Path) ->
             assert [n.cpuset(c["main"]) for c in (ls, be, lsr)] == ["0-11,14-15", "0-15", "12-13"]
 
             _online(n.dir / "sys", "0-7")
-            with said("WARNING") as lines:
+            with said() as lines:
                 assert await n.proxy.topology_watch.look()
-            assert [line for line in lines if "CPUs 8-15" in line] == [
-                "WARNING CPUs 8-15 went offline (online now 0-7): decisions made again,"
-                " containers moved off them"
+            assert lines == [
+                "WARNING CPUs 8-15 went offline (online now 0-7)",
+                "INFO pods are given CPUs 0-7 now (were 0-15): decisions made again, containers updated",
             ]
             await n.settle()
             assert [n.cpuset(c["main"]) for c in (ls, be, lsr)] == ["0-7", "0-7", "0-7"]
@@ -71,8 +77,9 @@ def test_containers_follow_cpus_going_offline_and_coming_back(tmp_path: Path) ->
             _online(n.dir / "sys", "0-15")
             with said() as lines:
                 assert await n.proxy.topology_watch.look()
-            assert [line for line in lines if "CPUs 8-15" in line] == [
-                "INFO CPUs 8-15 came online (online now 0-15): decisions made again, the pools take them"
+            assert lines == [
+                "INFO CPUs 8-15 came online (online now 0-15)",
+                "INFO pods are given CPUs 0-15 now (were 0-7): decisions made again, containers updated",
             ]
             await n.settle()
             assert [n.cpuset(c["main"]) for c in (ls, be, lsr, late)] == [
@@ -99,7 +106,7 @@ def test_an_unreadable_online_file_leaves_the_topology_in_force(
     """Said once (not every look), the topology in force kept, and said again when readable."""
     sysfs = fake_sysfs(tmp_path / "sys", {0: "0-3"})
     topology = [read_topology(sysfs)]
-    watch = TopologyWatch(sysfs, lambda: topology[-1], topology.append)
+    watch = TopologyWatch(sysfs, Seen(topology[0].online, {}), lambda parents: {}, topology.append)
     online = sysfs / "devices/system/cpu/online"
     if fault == "directory":
         online.unlink()
@@ -162,6 +169,7 @@ def test_a_start_with_a_reserved_cpu_offline_serves_and_says_so(tmp_path: Path) 
             state_dir=str(tmp_path / "state"),
             kubelet_state_file=str(tmp_path / "cpu_manager_state"),
             sysfs_root=str(sysfs),
+            cgroup_root=str(tmp_path / "cgroup"),
             reserved_cpus="8",
         ).validate()
         with said("WARNING") as lines:
@@ -174,5 +182,90 @@ def test_a_start_with_a_reserved_cpu_offline_serves_and_says_so(tmp_path: Path) 
         assert await proxy.topology_watch.look()
         assert proxy.policy.plan().pools.ls == CPUSet.parse("0-7,9-15")  # 8 reserved again
         await proxy.relay.channel.close(None)
+
+    run(main())
+
+
+def _cgroup_v1(root: Path, sets: dict[str, str]) -> Path:
+    """A cgroup v1 cpuset hierarchy under `root`: each path's cpuset.cpus ("" the hierarchy's own)."""
+    for path, cpus in sets.items():
+        directory = root / "cpuset" / path
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "cpuset.cpus").write_text(f"{cpus}\n")
+    return root
+
+
+POD_CGROUPS = ("kubepods", "kubepods/burstable", "kubepods/besteffort")
+
+
+def test_cgroup_v1_pods_are_given_only_the_cpus_their_cgroups_hold(tmp_path: Path) -> None:
+    """Under cgroup v1 the kernel takes a CPU that goes offline out of every cpuset for good: back
+    online, it is in none of the pod cgroups, and a cpuset naming it cannot be written below them
+    (runc: EACCES, the create fails; seen with containerd 1.6 and runc 1.1). So CPUs 8-15 back
+    online are named and left out, a new pod is created on the others, and once the pod cgroups
+    hold them again (an operator wrote them), the pools take them."""
+    cgroup = _cgroup_v1(tmp_path / "cg", {"": "0-15", **dict.fromkeys(POD_CGROUPS, "0-15")})
+
+    async def main() -> None:
+        async with node(tmp_path, cgroup_root=str(cgroup)) as n:
+            _, ls = await n.run_pod("ls")
+            _, be = await n.run_pod("be", qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
+            await n.settle()
+            assert [n.cpuset(c["main"]) for c in (ls, be)] == ["0-15", "0-15"]
+
+            _online(n.dir / "sys", "0-7")  # ... and the kernel takes them out of every cpuset
+            _cgroup_v1(cgroup, {"": "0-7", **dict.fromkeys(POD_CGROUPS, "0-7")})
+            assert await n.proxy.topology_watch.look()
+            await n.settle()
+            assert [n.cpuset(c["main"]) for c in (ls, be)] == ["0-7", "0-7"]
+
+            _online(n.dir / "sys", "0-15")  # back; the v1 cpusets below the root stay without them
+            _cgroup_v1(cgroup, {"": "0-15"})
+            with said() as lines:
+                assert not await n.proxy.topology_watch.look()  # pods can be given nothing more
+            assert lines == [
+                "INFO CPUs 8-15 came online (online now 0-15)",
+                "WARNING CPUs 8-15 are online but not in the pod cgroups' cpuset.cpus (kubepods has 0-7,"
+                " kubepods/burstable has 0-7, kubepods/besteffort has 0-7): cgroup v1 takes a CPU that"
+                " went offline out of every cpuset and never gives it back, so a container cannot be put"
+                " on them; pods are given the others until those cgroups hold them again",
+            ]
+            _, late = await n.run_pod("late", qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
+            assert n.cpuset(late["main"]) == "0-7"
+            with said() as lines:
+                assert not await n.proxy.topology_watch.look()
+            assert lines == []  # said once
+
+            _cgroup_v1(cgroup, {"kubepods": "0-15", "kubepods/burstable": "0-15"})
+            with said() as lines:
+                assert not await n.proxy.topology_watch.look()
+            assert lines[0].startswith(
+                "WARNING CPUs 8-15 are online but not in the pod cgroups' cpuset.cpus"
+                " (kubepods/besteffort has 0-7)"
+            )
+            _cgroup_v1(cgroup, {"kubepods/besteffort": "0-15"})  # every one holds them again
+            with said() as lines:
+                assert await n.proxy.topology_watch.look()
+            assert lines == [
+                "INFO the pod cgroups hold every online CPU again",
+                "INFO pods are given CPUs 0-15 now (were 0-7): decisions made again, containers updated",
+            ]
+            await n.settle()
+            assert [n.cpuset(c["main"]) for c in (ls, be, late)] == ["0-15", "0-15", "0-15"]
+
+    run(main())
+
+
+def test_a_start_where_the_pod_cgroups_lack_online_cpus_gives_pods_the_others(tmp_path: Path) -> None:
+    """The same after a restart of the proxy (or a kubepods restricted on purpose): named at the
+    start, and the pools are what the pod cgroups hold. Under v2 (or no cgroup tree) no bound."""
+    cgroup = _cgroup_v1(tmp_path / "cg", {"": "0-15", "kubepods": "0-11", "kubepods/besteffort": "0-9"})
+
+    async def main() -> None:
+        async with node(tmp_path, cgroup_root=str(cgroup)) as n:
+            assert str(n.proxy.policy.topology.online) == "0-9"
+            assert str(n.proxy.policy.plan().pools.be) == "0-9"
+            _, be = await n.run_pod("be", qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
+            assert n.cpuset(be["main"]) == "0-9"
 
     run(main())
