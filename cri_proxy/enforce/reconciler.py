@@ -106,6 +106,9 @@ class Reconciler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._overlaps: frozenset[str] = frozenset()
         self._not_taken: dict[str, int] = {}  # container id -> updates in a row its cgroup did not take
+        # container id -> (the cpuset, the error) of its last update that failed: the same failure
+        # again, pass after pass (a pod cgroup without the CPUs), is not written out again
+        self._failing: dict[str, tuple[str, str]] = {}
         self._requested = 0
         self._completed = 0
         self._refresh = False
@@ -340,6 +343,7 @@ class Reconciler:
         todo = self.pending(everything)
         self.totals.passes += 1
         self._not_taken = {k: n for k, n in self._not_taken.items() if self.state.container(k) is not None}
+        self._failing = {k: f for k, f in self._failing.items() if self.state.container(k) is not None}
         if not todo:
             self._report_overlaps()
             return result
@@ -388,13 +392,26 @@ class Reconciler:
                     log.info("{}: gone from the runtime; forgotten", who)
                 return
             result.failed += 1
-            log.warning("{}: update to cpuset {} failed: {} {}", who, want, exc.code().name, exc.details())
+            failure = (want, f"{exc.code().name} {exc.details()}")
+            again = self._failing.get(c.id) == failure
+            self._failing[c.id] = failure
+            level = "DEBUG" if again else "WARNING"
+            log.log(
+                level,
+                "{}: update to cpuset {} failed{}: {}",
+                who,
+                want,
+                " again" if again else "",
+                failure[1],
+            )
             return
         finally:
             await self._done_sending(c.id)
         self.state.update_container(c.id, applied=want, resources=body)
         result.updated += 1
-        log.info("{}: cpuset {!r} -> {!r}", who, c.applied, want)
+        failed = self._failing.pop(c.id, None)
+        after = " (after failing)" if failed is not None else ""
+        log.info("{}: cpuset {!r} -> {!r}{}", who, c.applied, want, after)
         done = self.state.container(c.id)
         if done is not None:
             reading = await self.observe(done, status_too=False)  # the status only echoes the update

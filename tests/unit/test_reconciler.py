@@ -127,6 +127,39 @@ def test_transient_errors_are_retried_permanent_ones_are_not() -> None:
     run(main())
 
 
+def test_the_same_failure_pass_after_pass_is_written_out_once() -> None:
+    """A runtime that refuses a container's update the same way every pass (cgroup v1: its pod
+    cgroup lacks CPUs that came back online) is named once, then at DEBUG; another failure is
+    named again, and the update that goes through at last says so."""
+    from loguru import logger
+
+    async def main() -> None:
+        state = node_with(1)
+        code = grpc.StatusCode.UNKNOWN
+        send = Recorder([code, code, code, grpc.StatusCode.PERMISSION_DENIED, code])
+        r = reconciler(state, send)
+        lines: list[str] = []
+        sink = logger.add(lambda m: lines.append(str(m).strip()), level="DEBUG", format="{level} {message}")
+        try:
+            results = [await r.pass_once() for _ in range(6)]
+        finally:
+            logger.remove(sink)
+        assert [(x.updated, x.failed) for x in results] == [(0, 1)] * 5 + [(1, 0)]
+        said = [line for line in lines if "update to cpuset" in line or "->" in line]
+        assert said == [
+            "WARNING default/ls0 main (c0): update to cpuset 2-15 failed: UNKNOWN fake UNKNOWN",
+            "DEBUG default/ls0 main (c0): update to cpuset 2-15 failed again: UNKNOWN fake UNKNOWN",
+            "DEBUG default/ls0 main (c0): update to cpuset 2-15 failed again: UNKNOWN fake UNKNOWN",
+            "WARNING default/ls0 main (c0): update to cpuset 2-15 failed: PERMISSION_DENIED fake"
+            " PERMISSION_DENIED",
+            "WARNING default/ls0 main (c0): update to cpuset 2-15 failed: UNKNOWN fake UNKNOWN",
+            "INFO default/ls0 main (c0): cpuset '0-15' -> '2-15' (after failing)",
+        ]
+        assert r.totals.failed == 5  # every failure still counted
+
+    run(main())
+
+
 def test_a_container_the_runtime_no_longer_has_is_forgotten() -> None:
     async def main() -> None:
         state = node_with(2)
