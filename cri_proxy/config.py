@@ -191,7 +191,9 @@ def check_cpus(config: Config, online: CPUSet, present: CPUSet | None = None) ->
         if missing:
             raise ConfigError(f"{key}: CPUs {missing} are not online on this node (online: {online})")
         if cpus - online:
-            warnings.append(f"{key}: CPUs {cpus - online} are offline now (online: {online})")
+            warnings.append(
+                f"{key}: CPUs {cpus - online} are offline now (online: {online}); used once online"
+            )
     reserved = CPUSet.parse(config.reserved_cpus)
     if has and reserved >= has:
         raise ConfigError(
@@ -199,7 +201,10 @@ def check_cpus(config: Config, online: CPUSet, present: CPUSet | None = None) ->
             " which leaves no CPU for the share pools"
         )
     if online and reserved >= online:
-        warnings.append(f"reserved_cpus: {config.reserved_cpus} covers every CPU online now ({online})")
+        warnings.append(
+            f"reserved_cpus: {config.reserved_cpus} covers every CPU online now ({online}):"
+            " the share pools are empty until more are online"
+        )
     return warnings
 
 

@@ -69,7 +69,7 @@ class Proxy:
             logger.warning("{}", left_out)
         self.present = read_present(config.sysfs_root)  # CPUs the node has, online or not
         for warning in check_cpus(config, sysfs.online, self.present):
-            logger.warning("{}: used once online again", warning)
+            logger.warning("{}", warning)
         self.state = NodeState()
         self.kubelet = KubeletStateFile(config.kubelet_state_file)
         self.kube_api = (
@@ -271,10 +271,10 @@ class Proxy:
         """A reload's CPUs against the topology in force: refused as at the start, warned of when
         offline now."""
         for warning in check_cpus(config, self.topology_watch.seen.online, self.present):
-            logger.warning("{}: used once online again", warning)
+            logger.warning("{}", warning)
 
     def _topology_changed(self, topology: Topology) -> None:
-        """CPUs went offline or came online: every decision over the new topology, and the settings'
+        """The CPUs pods can be given changed: every decision over the new topology, and the settings'
         CPUs named where they are offline now (a bad setting still, only at a start or reload)."""
         self.policy.topology = topology
         try:

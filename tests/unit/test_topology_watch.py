@@ -139,14 +139,17 @@ def test_reserved_cpus_offline_now_are_no_reason_to_refuse_a_start() -> None:
     One the node does not have at all is a bad setting, as before."""
     config = Config(reserved_cpus="0-1", system_cpus="2-3").validate()
     online, present = CPUSet.parse("0,2-15"), CPUSet.parse("0-15")
-    assert check_cpus(config, online, present) == ["reserved_cpus: CPUs 1 are offline now (online: 0,2-15)"]
+    assert check_cpus(config, online, present) == [
+        "reserved_cpus: CPUs 1 are offline now (online: 0,2-15); used once online"
+    ]
     with pytest.raises(ConfigError, match="reserved_cpus: CPUs 1 are not online"):
         check_cpus(config, online)  # no `present` known: as before
     with pytest.raises(ConfigError, match="system_cpus: CPUs 16 are not online"):
         check_cpus(Config(system_cpus="16").validate(), online, present)
     every = Config(reserved_cpus="0-7").validate()
     assert check_cpus(every, CPUSet.parse("0-7"), present) == [
-        "reserved_cpus: 0-7 covers every CPU online now (0-7)"
+        "reserved_cpus: 0-7 covers every CPU online now (0-7): the share pools are empty until more"
+        " are online"
     ]
     with pytest.raises(ConfigError, match="covers every online CPU"):
         check_cpus(Config(reserved_cpus="0-15").validate(), online, present)
@@ -174,9 +177,7 @@ def test_a_start_with_a_reserved_cpu_offline_serves_and_says_so(tmp_path: Path) 
         ).validate()
         with said("WARNING") as lines:
             proxy = Proxy(config)
-        assert lines == [
-            "WARNING reserved_cpus: CPUs 8 are offline now (online: 0-7,9-15): used once online again"
-        ]
+        assert lines == ["WARNING reserved_cpus: CPUs 8 are offline now (online: 0-7,9-15); used once online"]
         assert proxy.policy.plan().pools.ls == CPUSet.parse("0-7,9-15")
         _online(sysfs, "0-15")
         assert await proxy.topology_watch.look()
