@@ -82,7 +82,17 @@ class Proxy:
             if config.kubernetes_enabled
             else None
         )
-        self.policy = Policy(self.state, topology, self.settings.get, self.kubelet, self.kube_api)
+        self.topology_watch = TopologyWatch(
+            config.sysfs_root,
+            seen,
+            topology,
+            cgroups.pod_root_cpus,
+            self._topology_changed,
+            lambda: [p.cgroup_parent for p in self.state.pods()],
+        )
+        self.policy = Policy(
+            self.state, topology, self.settings.get, self.kubelet, self.kube_api, (self.topology_watch,)
+        )
         self.kubelet_watch = KubeletWatch(self.kubelet, self.settings.get, self._facts_changed)
         self.table = HookTable()
         self.introspection = Introspection(self.state, self.policy)
@@ -129,13 +139,6 @@ class Proxy:
         frames = self.relay.frames
         self.fds = FdWatch(lambda: len(frames.links) if frames is not None else None)
         self.reloader = Reloader(self.settings, reload, self._check_cpus, self._settings_swapped)
-        self.topology_watch = TopologyWatch(
-            config.sysfs_root,
-            seen,
-            cgroups.pod_root_cpus,
-            self._topology_changed,
-            lambda: [p.cgroup_parent for p in self.state.pods()],
-        )
         self._reload_wanted = False
         self._started = False  # a SIGHUP before then is applied once started
         self._stopping = False
@@ -274,8 +277,9 @@ class Proxy:
             logger.warning("{}", warning)
 
     def _topology_changed(self, topology: Topology) -> None:
-        """The CPUs pods can be given changed: every decision over the new topology, and the settings'
-        CPUs named where they are offline now (a bad setting still, only at a start or reload)."""
+        """The CPUs pods can be given, or those left out, changed: every decision over the topology
+        (and its `cpus-left-out` problem), and the settings' CPUs named where they are offline now
+        (a bad setting still, only at a start or reload)."""
         self.policy.topology = topology
         try:
             warnings = check_cpus(self.config, self.topology_watch.seen.online, self.present)

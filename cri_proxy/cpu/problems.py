@@ -22,6 +22,9 @@ class ProblemKind(StrEnum):
     BAD_TEXT = "bad-text"
     """Only from the live proxy: a pod's label or annotation the runtime holds is not valid UTF-8
     (read with replacement characters)."""
+    CPUS_LEFT_OUT = "cpus-left-out"
+    """Only from the live proxy, under cgroup v1: online CPUs that the cgroups above the pods do not
+    hold (the kernel took them out when they went offline); pods are given the others."""
     EXCLUSIVE_OVERLAP = "exclusive-overlap"
     """Only from the live proxy: other containers are still on an LSE/LSR container's CPUs (the
     pool was empty, the wait timed out, a conflict); the message names every one."""

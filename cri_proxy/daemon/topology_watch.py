@@ -22,7 +22,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from cri_proxy.cpu import CPUSet
+from cri_proxy.cpu import CPUSet, Problem, ProblemKind
 from cri_proxy.cpu.topology import Topology
 from cri_proxy.errors import SysfsError
 from cri_proxy.sysfs import read_online, read_topology
@@ -63,10 +63,15 @@ def usable_topology(root: Path | str, seen: Seen) -> Topology:
 
 
 class TopologyWatch:
+    """`look()` every `every` seconds; `changed(topology)` when what it sees changed (the CPUs pods
+    can be given, or only which are left out: `problem` then changes); `problem` is a node-wide
+    `cpus-left-out` while online CPUs are left out."""
+
     def __init__(
         self,
         root: Path | str,
         seen: Seen,
+        topology: Topology,
         held: Callable[[list[str]], Mapping[str, CPUSet]],
         changed: Callable[[Topology], None],
         parents: Callable[[], list[str]] = list,
@@ -74,15 +79,21 @@ class TopologyWatch:
     ) -> None:
         self.root = root
         self.seen = seen  # as of the topology in force
+        self.topology = topology  # the one in force: the sysfs topology cut to `seen.usable`
         self.held = held  # the pod cgroups' sets, given the pods' cgroup parents (read in a thread)
         self.parents = parents  # the pods' cgroup parents, read on the loop
         self.changed = changed
         self.every = every
         self.trouble: str | None = None  # the last fault said, until the file reads again
 
+    @property
+    def problem(self) -> Problem | None:
+        left_out = self.seen.left_out()
+        return Problem(None, ProblemKind.CPUS_LEFT_OUT, left_out) if left_out is not None else None
+
     async def look(self) -> bool:
         """Read `cpu/online` and the pod cgroups' sets; when the CPUs pods can be given changed,
-        the topology again, handed to `changed`. True then."""
+        the topology again. `changed` is told whenever what was seen changed; True then."""
         before = self.seen
         try:
             online = await asyncio.to_thread(read_online, self.root)
@@ -113,14 +124,14 @@ class TopologyWatch:
             logger.warning("{}", left_out)
         elif left_out is None and before.left_out() is not None:
             logger.info("the pod cgroups hold every online CPU again")
-        if topology is None:
-            return False
-        logger.info(
-            "pods are given CPUs {} now (were {}): decisions made again, containers updated",
-            seen.usable,
-            before.usable,
-        )
-        self.changed(topology)
+        if topology is not None:
+            logger.info(
+                "pods are given CPUs {} now (were {}): decisions made again, containers updated",
+                seen.usable,
+                before.usable,
+            )
+            self.topology = topology
+        self.changed(self.topology)
         return True
 
     async def run(self) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import Protocol
 
 from cri_proxy.config import Config
 from cri_proxy.cpu import CPUSet, NodeInputs, Plan, Problem, ProblemKind, Topology, decide
@@ -16,6 +17,13 @@ from cri_proxy.enforce.exclusivity import EXCLUSIVE, Overlap, overlap_problems, 
 from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.sources.kubelet_file import KubeletStateFile
 from cri_proxy.state.model import LIVE_STATES, NodeState, PodRecord
+
+
+class HasProblem(Protocol):
+    """A source of facts whose trouble, if any, is a node-wide problem of the plan."""
+
+    @property
+    def problem(self) -> Problem | None: ...
 
 
 @functools.lru_cache(maxsize=16)
@@ -49,12 +57,14 @@ class Policy:
         settings: Callable[[], Config],
         kubelet: KubeletStateFile | None = None,
         api: KubeApiWatcher | None = None,
+        others: Sequence[HasProblem] = (),
     ) -> None:
         self.state = state
         self.topology = topology
         self.settings = settings  # reserved and system CPUs; a reload swaps the object, see plan()
         self.kubelet = kubelet
         self.api = api
+        self.others = others  # more node-wide sources of problems (the CPU topology watch)
         self._facts_version = 0
         self._cached: tuple[int, int, Config, Plan] | None = None
         self._rules: Plan | None = None  # the rules' plan before pins and explanations
@@ -132,7 +142,7 @@ class Policy:
         kubelet = self.kubelet
         problems = tuple(
             source.problem
-            for source in (kubelet, self.api)
+            for source in (kubelet, self.api, *self.others)
             if source is not None and source.problem is not None
         )
         return NodeInputs(

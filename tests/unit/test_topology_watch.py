@@ -106,7 +106,9 @@ def test_an_unreadable_online_file_leaves_the_topology_in_force(
     """Said once (not every look), the topology in force kept, and said again when readable."""
     sysfs = fake_sysfs(tmp_path / "sys", {0: "0-3"})
     topology = [read_topology(sysfs)]
-    watch = TopologyWatch(sysfs, Seen(topology[0].online, {}), lambda parents: {}, topology.append)
+    watch = TopologyWatch(
+        sysfs, Seen(topology[0].online, {}), topology[0], lambda parents: {}, topology.append
+    )
     online = sysfs / "devices/system/cpu/online"
     if fault == "directory":
         online.unlink()
@@ -223,7 +225,12 @@ def test_cgroup_v1_pods_are_given_only_the_cpus_their_cgroups_hold(tmp_path: Pat
             _online(n.dir / "sys", "0-15")  # back; the v1 cpusets below the root stay without them
             _cgroup_v1(cgroup, {"": "0-15"})
             with said() as lines:
-                assert not await n.proxy.topology_watch.look()  # pods can be given nothing more
+                assert await n.proxy.topology_watch.look()
+            assert str(n.proxy.policy.topology.online) == "0-7"  # pods can be given nothing more
+            (left_out,) = [
+                p for p in (await n.introspect("Plan"))["problems"] if p["kind"] == "cpus-left-out"
+            ]
+            assert left_out["pod"] is None and "kubepods/besteffort has 0-7" in left_out["message"]
             assert lines == [
                 "INFO CPUs 8-15 came online (online now 0-15)",
                 "WARNING CPUs 8-15 are online but not in the pod cgroups' cpuset.cpus (kubepods has 0-7,"
@@ -239,7 +246,8 @@ def test_cgroup_v1_pods_are_given_only_the_cpus_their_cgroups_hold(tmp_path: Pat
 
             _cgroup_v1(cgroup, {"kubepods": "0-15", "kubepods/burstable": "0-15"})
             with said() as lines:
-                assert not await n.proxy.topology_watch.look()
+                assert await n.proxy.topology_watch.look()
+            assert str(n.proxy.policy.topology.online) == "0-7"
             assert lines[0].startswith(
                 "WARNING CPUs 8-15 are online but not in the pod cgroups' cpuset.cpus"
                 " (kubepods/besteffort has 0-7)"
@@ -253,6 +261,7 @@ def test_cgroup_v1_pods_are_given_only_the_cpus_their_cgroups_hold(tmp_path: Pat
             ]
             await n.settle()
             assert [n.cpuset(c["main"]) for c in (ls, be, late)] == ["0-15", "0-15", "0-15"]
+            assert "cpus-left-out" not in {p["kind"] for p in (await n.introspect("Plan"))["problems"]}
 
     run(main())
 
