@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from loguru import logger
 
 from cri_proxy.config import Config, check_cpus
-from cri_proxy.cpu import CPUSet
+from cri_proxy.cpu import CPUSet, Topology
 from cri_proxy.daemon.topology_watch import Seen, TopologyWatch
 from cri_proxy.errors import ConfigError
 from cri_proxy.sysfs import read_topology
@@ -279,3 +282,85 @@ def test_a_start_where_the_pod_cgroups_lack_online_cpus_gives_pods_the_others(tm
             assert n.cpuset(be["main"]) == "0-9"
 
     run(main())
+
+
+def _sockets(topology: Topology) -> dict[int, CPUSet]:
+    """Those with a CPU: sysfs names a CPU's socket only while it is online."""
+    return {s: cpus for s, cpus in topology.sockets.items() if cpus}
+
+
+CPUS16 = st.integers(min_value=0, max_value=(1 << 16) - 1).map(CPUSet)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(CPUS16, st.sampled_from(["garbage", "empty"])),  # what cpu/online holds
+            st.dictionaries(st.sampled_from(POD_CGROUPS), CPUS16.filter(bool), max_size=3),  # held
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+@example(  # a new pod cgroup that holds everything: seen changes, what is left out does not
+    [
+        (CPUSet.parse("0-15"), {"kubepods": CPUSet.parse("0-3")}),
+        (CPUSet.parse("0-15"), {"kubepods": CPUSet.parse("0-3"), "kubepods/burstable": CPUSet.parse("0-15")}),
+    ]
+)
+def test_any_run_of_changes_keeps_the_topology_in_force_what_was_seen_last(
+    steps: list[tuple[CPUSet | str, dict[str, CPUSet]]],
+) -> None:
+    """CPUs going and coming, pod cgroups narrowing and widening, the file unreadable now and then,
+    in any order: after every look the topology in force is the sysfs one cut to what the last
+    readable look saw (online CPUs the pod cgroups all hold), `changed` was told exactly when that
+    look saw something new, the problem is there exactly while online CPUs are left out, and each
+    change of the online CPUs or of those left out was said once (a fault too, and its end)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sysfs = fake_sysfs(Path(tmp) / "sys", {0: "0-7", 1: "8-15"})
+        start = read_topology(sysfs)
+        told: list[Topology] = []
+        held: dict[str, CPUSet] = {}
+        watch = TopologyWatch(sysfs, Seen(start.online, {}), start, lambda parents: dict(held), told.append)
+        seen = watch.seen
+
+        async def walk() -> None:
+            nonlocal seen
+            troubled = False
+            for online, now_held in steps:
+                held.clear()
+                held.update(now_held)
+                text = str(online) if isinstance(online, CPUSet) else {"garbage": "0-x", "empty": ""}[online]
+                _online(sysfs, text)
+                readable = isinstance(online, CPUSet) and bool(online)
+                with said() as lines:
+                    news = await watch.look()
+                again = [line for line in lines if "readable again" in line]
+                assert len(again) == (troubled and readable)  # said once the fault is over
+                lines = [line for line in lines if line not in again]
+                troubled = not readable
+                if readable:
+                    assert isinstance(online, CPUSet)
+                    now = Seen(online, dict(now_held))
+                    assert news == (now != seen) and watch.seen == now
+                    if news:
+                        assert told[-1] is watch.topology
+                        went, came = seen.online - now.online, now.online - seen.online
+                        assert sum("went offline (online now" in line for line in lines) == bool(went)
+                        assert sum("came online (online now" in line for line in lines) == bool(came)
+                        assert sum("not in the pod cgroups" in line for line in lines) == (
+                            now.left_out() is not None and now.left_out() != seen.left_out()
+                        )
+                    else:
+                        assert lines == []
+                    seen = now
+                else:
+                    assert not news and watch.seen == seen
+                topology, cut = watch.topology, start.only(seen.usable)
+                assert topology.online == seen.usable
+                assert topology.numa_nodes == cut.numa_nodes
+                assert _sockets(topology) == _sockets(cut)
+                assert (watch.problem is None) == (seen.online <= seen.usable)
+
+        asyncio.run(walk())
