@@ -137,9 +137,25 @@ def secure_socket(path: Path, mode: int, group: str, key: str) -> None:
         os.chown(path, 0 if os.geteuid() == 0 else -1, gid)
 
 
-def remove_socket(path: Path) -> None:
-    """Remove our socket file at shutdown, leaving anything else alone."""
+SocketId = tuple[int, int]
+"""A socket file's (device, inode): which one sits at a path, ours or another server's."""
+
+
+def socket_id(path: Path) -> SocketId | None:
+    """The socket file at `path`, or None when there is none (nothing, or not a socket)."""
     try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+
+def remove_socket(path: Path, ours: SocketId | None = None) -> None:
+    """Remove our socket file at shutdown, leaving anything else alone: with `ours`, only that very
+    file (another server may have bound the path after ours was removed)."""
+    try:
+        if ours is not None and socket_id(path) != ours:
+            return
         if stat.S_ISSOCK(path.lstat().st_mode):
             path.unlink()
     except FileNotFoundError:

@@ -31,6 +31,7 @@ from cri_proxy.daemon.notify import notify, watchdog_interval
 from cri_proxy.daemon.recovery_runs import RecoveryRuns
 from cri_proxy.daemon.reload import Reloader
 from cri_proxy.daemon.runtime_probe import RuntimeProbe
+from cri_proxy.daemon.socket_watch import SocketWatch
 from cri_proxy.daemon.stacks import stacks_text
 from cri_proxy.daemon.supervisor import Supervisor
 from cri_proxy.daemon.topology_watch import Seen, TopologyWatch
@@ -139,6 +140,11 @@ class Proxy:
         frames = self.relay.frames
         self.fds = FdWatch(lambda: len(frames.links) if frames is not None else None)
         self.reloader = Reloader(self.settings, reload, self._check_cpus, self._settings_swapped)
+        listen = socket_path(config.listen)
+        self.sockets = SocketWatch(
+            ([("CRI", listen, self.relay)] if listen is not None else [])
+            + [("admin", self.admin.path, self.admin)]
+        )
         self._reload_wanted = False
         self._started = False  # a SIGHUP before then is applied once started
         self._stopping = False
@@ -199,6 +205,7 @@ class Proxy:
         run("runtime-probe", self.probe.run)
         run("file-descriptors", self.fds.run)
         run("cpu-topology", self.topology_watch.run)
+        run("sockets", self.sockets.run)
         if not done:
             self.supervisor.job("recovery", self.recovery.until_done)
         interval = watchdog_interval()
@@ -303,6 +310,8 @@ class Proxy:
         loop is down waiting for its restart (and why not)."""
         if not self.probe.up:
             return False, f"runtime {self.config.runtime_endpoint} not answering"
+        if self.sockets.problem is not None:
+            return False, self.sockets.problem
         healthy, why = self.supervisor.health()
         if healthy and self.config.dry_run:
             return True, f"{why} (dry-run: decides and reports, changes nothing)"

@@ -17,9 +17,11 @@ from loguru import logger
 
 from cri_proxy.config import Config
 from cri_proxy.endpoints import (
+    SocketId,
     prepare_listen_socket,
     remove_socket,
     secure_socket,
+    socket_id,
     socket_path,
     why_not_bound,
 )
@@ -40,9 +42,11 @@ class AdminServer:
         self.path: Path = path
         self.group = config.admin_socket_group
         self.allow_world_writable_dir = config.allow_world_writable_socket_dir
+        self.handlers = handlers
         self.server = grpc.aio.server()
         self.server.add_generic_rpc_handlers(handlers)
         self._bound = False  # only a socket we bound is ours to remove
+        self.socket_id: SocketId | None = None  # the socket file bound (a removed one is made again)
 
     def check(self) -> None:
         """Refuse a live owner, a symlink or a non-socket at the admin path now (start does it again)."""
@@ -63,6 +67,7 @@ class AdminServer:
         finally:
             os.umask(old)
         self._bound = True
+        self.socket_id = socket_id(self.path)
         try:
             mode = ADMIN_GROUP_SOCKET_MODE if self.group else ADMIN_SOCKET_MODE
             secure_socket(self.path, mode, self.group, "admin_socket_group")
@@ -73,8 +78,26 @@ class AdminServer:
             raise
         logger.info("admin socket (introspection, health) on {}", self.endpoint)
 
+    def socket_gone(self) -> str | None:
+        """None while the admin socket file is the one bound; else "removed" or "replaced"."""
+        if not self._bound or socket_id(self.path) == self.socket_id:
+            return None
+        return "replaced" if os.path.lexists(self.path) else "removed"
+
+    async def remake_socket(self) -> bool:
+        """The admin socket file was removed: serve on a new one. grpcio binds paths only at a start,
+        and unlinks its path when it stops, so the old server stops first (its calls get a second)."""
+        if os.path.lexists(self.path):
+            return False
+        old, self.server = self.server, grpc.aio.server()
+        self.server.add_generic_rpc_handlers(self.handlers)
+        self._bound = False
+        await old.stop(1.0)
+        await self.start()
+        return True
+
     async def stop(self, grace: float | None = None) -> None:
-        await self.server.stop(grace)
+        await self.server.stop(grace)  # grpcio unlinks the path, whoever's socket is there now
         if self._bound:
-            remove_socket(self.path)
+            remove_socket(self.path, self.socket_id)
             self._bound = False

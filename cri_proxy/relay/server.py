@@ -15,10 +15,12 @@ from loguru import logger
 
 from cri_proxy.config import Config
 from cri_proxy.endpoints import (
+    SocketId,
     grpc_target,
     prepare_listen_socket,
     remove_socket,
     secure_socket,
+    socket_id,
     socket_path,
     why_not_bound,
 )
@@ -72,6 +74,7 @@ class Relay:
         self.server.add_generic_rpc_handlers((self.forwarder,))
         self._socket = socket_path(config.listen)
         self._bound = False  # only a socket we bound is ours to remove
+        self.socket_id: SocketId | None = None  # the socket file we bound (a removed one is made again)
         self._stopped = asyncio.Event()
         # relay_mode "frames": HTTP/2 frames relayed per connection (relay/core.py) instead of self.server
         self.frames: FrameRelay | None = None
@@ -93,20 +96,7 @@ class Relay:
 
     async def start(self) -> None:
         if self.frames is not None and self._socket is not None:  # relay_mode "frames"
-            prepare_listen_socket(self._socket, self.config.allow_world_writable_socket_dir)
-            old = os.umask(0o117)
-            try:
-                sock = bind_unix(str(self._socket))
-                self._bound = True
-            finally:
-                os.umask(old)
-            try:
-                self._secure_socket(self._socket)
-                await self.frames.start(sock)
-            except BaseException:
-                sock.close()
-                self._remove_socket()
-                raise
+            await self._listen(self.frames, self._socket)
             config = self.config
             logger.info("cri-proxy relaying frames on {} -> {}", config.listen, config.runtime_endpoint)
             return
@@ -116,6 +106,7 @@ class Relay:
             try:
                 self._bind()
                 self._bound = True
+                self.socket_id = socket_id(self._socket)
             finally:
                 os.umask(old)
             self._secure_socket(self._socket)
@@ -127,9 +118,43 @@ class Relay:
         )
         logger.info("cri-proxy serving on {} -> runtime {}", self.config.listen, self.config.runtime_endpoint)
 
+    async def _listen(self, frames: FrameRelay, path: Path) -> None:
+        """Bind `path` (born 0660), secure it and serve the frame relay on it."""
+        prepare_listen_socket(path, self.config.allow_world_writable_socket_dir)
+        old = os.umask(0o117)
+        try:
+            sock = bind_unix(str(path))
+            self._bound = True
+            self.socket_id = socket_id(path)
+        finally:
+            os.umask(old)
+        try:
+            self._secure_socket(path)
+            await frames.start(sock)
+        except BaseException:
+            sock.close()
+            self._remove_socket()
+            raise
+
+    def socket_gone(self) -> str | None:
+        """None while the CRI socket file is the one this relay bound; else "removed" or "replaced"."""
+        if self._socket is None or self.socket_id is None or self._stopped.is_set():
+            return None
+        if socket_id(self._socket) == self.socket_id:
+            return None
+        return "replaced" if os.path.lexists(self._socket) else "removed"
+
+    async def remake_socket(self) -> bool:
+        """The CRI socket file was removed: bind it again (frames mode; the connections open stay).
+        False where it cannot be: grpc mode (grpcio binds paths only at its start)."""
+        if self.frames is None or self._socket is None or os.path.lexists(self._socket):
+            return False
+        await self._listen(self.frames, self._socket)
+        return True
+
     def _remove_socket(self) -> None:
         if self._socket is not None and self._bound:
-            remove_socket(self._socket)
+            remove_socket(self._socket, self.socket_id)
 
     def _bind(self) -> None:
         target = grpc_target(self.config.listen)

@@ -118,8 +118,12 @@ class FrameRelay:
             observer.observe(path, CODES[code] if code in CODES else CODES[2], total, upstream)
 
     async def start(self, sock: socket.socket) -> None:
+        """Serve on `sock`; a second start (the socket file was removed and bound again) stops
+        accepting on the one before, whose connections go on."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: Link(self), sock=sock)
+        before, self._server = self._server, await loop.create_unix_server(lambda: Link(self), sock=sock)
+        if before is not None:
+            before.close()
 
     async def stop(self, grace: float) -> None:
         """Stop accepting; GOAWAY every client; wait up to `grace` for open calls; close the rest."""

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -537,3 +538,59 @@ def test_a_socket_that_cannot_be_bound_is_named_with_its_cause(
     assert last.startswith("cri-proxy serve: cannot listen on ") and str(full) in last, last
     assert last.endswith(": No space left on device"), last
     assert "Traceback" not in out.stderr
+
+
+def test_a_socket_file_removed_under_the_proxy_is_bound_again(tmp_path: Path, fake: Path) -> None:
+    """A cleanup script removes the proxy's socket files while it runs. Nothing said so, and no
+    client could ever connect again (ENOENT) while the proxy looked healthy. Now each is bound
+    again within seconds, and said once. One another server has bound there meanwhile is its own:
+    said, /healthz says it, and this proxy's stop leaves it there (it used to remove it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc, sock = start_proxy(tmp_path, fake, "--metrics-address", f"127.0.0.1:{port}")
+    log, admin = tmp_path / "proxy.log", tmp_path / "admin.sock"
+    other = socket.socket(socket.AF_UNIX)
+    try:
+        sock.unlink()
+        admin.unlink()
+        for what, path in (("CRI", sock), ("admin", admin)):
+            said = f"{what} socket {path} was removed while serving (no client could connect): bound again"
+            wait_until(lambda s=said: s in log.read_text(), 20, f"the {what} socket bound again")
+        with CriClient(f"unix://{sock}") as client:
+            assert client.runtime.Version(v1.VersionRequest(), timeout=5).runtime_name
+        assert "pools" in ctl_json(f"unix://{sock}", "plan")  # over the admin socket
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o660 and stat.S_IMODE(admin.stat().st_mode) == 0o600
+
+        sock.unlink()
+        other.bind(str(sock))
+        other.listen()
+        theirs = sock.lstat().st_ino
+        wait_until(lambda: "was replaced while serving" in log.read_text(), 20, "the replaced socket said")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+            raise AssertionError("/healthz answered 200 with the CRI socket another server's")
+        except urllib.error.HTTPError as err:
+            assert err.code == 503 and "was replaced while serving" in err.read().decode()
+        assert stop(proc) == 0
+        assert sock.lstat().st_ino == theirs  # left to its owner
+        assert log.read_text().count("was replaced while serving") == 1 and "Traceback" not in log.read_text()
+    finally:
+        stop(proc)
+        other.close()
+
+
+def test_in_grpc_mode_a_removed_cri_socket_is_said_as_it_cannot_be_bound_again(
+    tmp_path: Path, fake: Path
+) -> None:
+    """grpcio binds its paths only at its start: the proxy says what to do instead."""
+    proc, sock = start_proxy(tmp_path, fake, "--relay-mode", "grpc")
+    log = tmp_path / "proxy.log"
+    try:
+        sock.unlink()
+        said = "cannot be bound again while running (grpc mode); restart the proxy"
+        wait_until(lambda: said in log.read_text(), 20, "the removed socket said")
+        assert stop(proc) == 0
+        assert log.read_text().count(said) == 1 and "Traceback" not in log.read_text()
+    finally:
+        stop(proc)

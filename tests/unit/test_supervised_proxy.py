@@ -260,7 +260,7 @@ def test_the_real_serve_reports_its_loops_and_stops_clean(tmp_path: Path) -> Non
         ):
             assert f'cri_proxy_loop_up{{loop="{loop}"}} 1.0' in metrics
             assert f'cri_proxy_loop_restarts_total{{loop="{loop}"}} 0.0' in metrics
-        assert "cri_proxy_loops_up 6.0" in metrics
+        assert "cri_proxy_loops_up 7.0" in metrics
         for _ in range(3):
             daemon.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: "configuration reloaded" in daemon.logs(), what="a reload")
