@@ -42,6 +42,13 @@ def said(level: str = "INFO") -> Iterator[list[str]]:
         logger.remove(sink)
 
 
+async def looked(watch: TopologyWatch, news: bool = True) -> list[str]:
+    """What one look said; it saw something new (`news`) or not."""
+    with said() as lines:
+        assert await watch.look() is news
+    return lines
+
+
 def _online(sysfs: Path, cpus: str) -> None:
     (sysfs / "devices/system/cpu/online").write_text(f"{cpus}\n")
 
@@ -63,9 +70,7 @@ def test_containers_follow_cpus_going_offline_and_coming_back(tmp_path: Path) ->
             assert [n.cpuset(c["main"]) for c in (ls, be, lsr)] == ["0-11,14-15", "0-15", "12-13"]
 
             _online(n.dir / "sys", "0-7")
-            with said() as lines:
-                assert await n.proxy.topology_watch.look()
-            assert lines == [
+            assert await looked(n.proxy.topology_watch) == [
                 "WARNING CPUs 8-15 went offline (online now 0-7)",
                 "INFO pods are given CPUs 0-7 now (were 0-15): decisions made again, containers updated",
             ]
@@ -78,9 +83,7 @@ def test_containers_follow_cpus_going_offline_and_coming_back(tmp_path: Path) ->
             assert not await n.proxy.topology_watch.look()  # nothing changed since
 
             _online(n.dir / "sys", "0-15")
-            with said() as lines:
-                assert await n.proxy.topology_watch.look()
-            assert lines == [
+            assert await looked(n.proxy.topology_watch) == [
                 "INFO CPUs 8-15 came online (online now 0-15)",
                 "INFO pods are given CPUs 0-15 now (were 0-7): decisions made again, containers updated",
             ]
@@ -227,8 +230,7 @@ def test_cgroup_v1_pods_are_given_only_the_cpus_their_cgroups_hold(tmp_path: Pat
 
             _online(n.dir / "sys", "0-15")  # back; the v1 cpusets below the root stay without them
             _cgroup_v1(cgroup, {"": "0-15"})
-            with said() as lines:
-                assert await n.proxy.topology_watch.look()
+            lines = await looked(n.proxy.topology_watch)
             assert str(n.proxy.policy.topology.online) == "0-7"  # pods can be given nothing more
             (left_out,) = [
                 p for p in (await n.introspect("Plan"))["problems"] if p["kind"] == "cpus-left-out"
@@ -243,22 +245,17 @@ def test_cgroup_v1_pods_are_given_only_the_cpus_their_cgroups_hold(tmp_path: Pat
             ]
             _, late = await n.run_pod("late", qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
             assert n.cpuset(late["main"]) == "0-7"
-            with said() as lines:
-                assert not await n.proxy.topology_watch.look()
-            assert lines == []  # said once
+            assert await looked(n.proxy.topology_watch, news=False) == []  # said once
 
             _cgroup_v1(cgroup, {"kubepods": "0-15", "kubepods/burstable": "0-15"})
-            with said() as lines:
-                assert await n.proxy.topology_watch.look()
+            lines = await looked(n.proxy.topology_watch)
             assert str(n.proxy.policy.topology.online) == "0-7"
             assert lines[0].startswith(
                 "WARNING CPUs 8-15 are online but not in the pod cgroups' cpuset.cpus"
                 " (kubepods/besteffort has 0-7)"
             )
             _cgroup_v1(cgroup, {"kubepods/besteffort": "0-15"})  # every one holds them again
-            with said() as lines:
-                assert await n.proxy.topology_watch.look()
-            assert lines == [
+            assert await looked(n.proxy.topology_watch) == [
                 "INFO the pod cgroups hold every online CPU again",
                 "INFO pods are given CPUs 0-15 now (were 0-7): decisions made again, containers updated",
             ]
