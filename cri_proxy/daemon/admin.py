@@ -46,6 +46,7 @@ class AdminServer:
         self.server = grpc.aio.server()
         self.server.add_generic_rpc_handlers(handlers)
         self._bound = False  # only a socket we bound is ours to remove
+        self._stopping = False
         self.socket_id: SocketId | None = None  # the socket file bound (a removed one is made again)
 
     def check(self) -> None:
@@ -79,8 +80,9 @@ class AdminServer:
         logger.info("admin socket (introspection, health) on {}", self.endpoint)
 
     def socket_gone(self) -> str | None:
-        """None while the admin socket file is the one bound; else "removed" or "replaced"."""
-        if not self._bound or socket_id(self.path) == self.socket_id:
+        """None while the admin socket file is the one bound (or it is being stopped: grpcio then
+        unlinks it); else "removed" or "replaced"."""
+        if not self._bound or self._stopping or socket_id(self.path) == self.socket_id:
             return None
         return "replaced" if os.path.lexists(self.path) else "removed"
 
@@ -97,6 +99,7 @@ class AdminServer:
         return True
 
     async def stop(self, grace: float | None = None) -> None:
+        self._stopping = True
         await self.server.stop(grace)  # grpcio unlinks the path, whoever's socket is there now
         if self._bound:
             remove_socket(self.path, self.socket_id)
