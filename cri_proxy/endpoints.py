@@ -6,11 +6,13 @@ tested on their own and reused by the CLI.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import os
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from cri_proxy.errors import EndpointError
@@ -148,6 +150,32 @@ def socket_id(path: Path) -> SocketId | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+
+@contextlib.contextmanager
+def kept_from_grpcio(path: Path, ours: SocketId | None) -> Iterator[None]:
+    """Around a grpcio server's stop: grpcio unlinks its Unix path when it stops, whoever's socket
+    is there. Another server's socket at `path` (bound after ours was removed) is linked aside
+    first and put back after; it is out of reach only between grpcio's unlink and the rename."""
+    theirs = socket_id(path)
+    aside: Path | None = None
+    if theirs is not None and theirs != ours:
+        aside = path.with_name(f".{path.name}.kept-{os.getpid()}")
+        try:
+            os.link(path, aside)
+        except OSError:
+            aside = None
+    try:
+        yield
+    finally:
+        if aside is not None:
+            with contextlib.suppress(OSError):
+                if socket_id(path) == theirs:  # grpcio left it: nothing to put back
+                    os.unlink(aside)
+                elif not os.path.lexists(path):
+                    os.rename(aside, path)
+                else:
+                    os.unlink(aside)
 
 
 def remove_socket(path: Path, ours: SocketId | None = None) -> None:

@@ -18,6 +18,7 @@ from loguru import logger
 from cri_proxy.config import Config
 from cri_proxy.endpoints import (
     SocketId,
+    kept_from_grpcio,
     prepare_listen_socket,
     remove_socket,
     secure_socket,
@@ -100,7 +101,8 @@ class AdminServer:
 
     async def stop(self, grace: float | None = None) -> None:
         self._stopping = True
-        await self.server.stop(grace)  # grpcio unlinks the path, whoever's socket is there now
+        with kept_from_grpcio(self.path, self.socket_id):
+            await self.server.stop(grace)
         if self._bound:
             remove_socket(self.path, self.socket_id)
             self._bound = False

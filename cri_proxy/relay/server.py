@@ -17,6 +17,7 @@ from cri_proxy.config import Config
 from cri_proxy.endpoints import (
     SocketId,
     grpc_target,
+    kept_from_grpcio,
     prepare_listen_socket,
     remove_socket,
     secure_socket,
@@ -181,7 +182,11 @@ class Relay:
             if self._heap_looks is not None:
                 self._heap_looks.cancel()
             self.heap.cancel()
-            await self.server.stop(grace)
+            if self._socket is not None:
+                with kept_from_grpcio(self._socket, self.socket_id):
+                    await self.server.stop(grace)
+            else:
+                await self.server.stop(grace)
         await self.channel.close(None)
         self._remove_socket()
         logger.info("cri-proxy stopped")
