@@ -51,9 +51,9 @@ class Seen:
             return None
         short = ", ".join(f"{path} has {cpus or '-'}" for path, cpus in self.held.items() if out - cpus)
         return (
-            f"CPUs {out} are online but not in the pod cgroups' cpuset.cpus ({short}): cgroup v1 takes"
-            " a CPU that went offline out of every cpuset and never gives it back, so a container"
-            " cannot be put on them; pods are given the others until those cgroups hold them again"
+            f"CPUs {out} are online but not in the pod cgroups' cpuset.cpus ({short}): under cgroup v1"
+            " a container cannot be put on CPUs its parents lack (and v1 takes a CPU that goes offline"
+            " out of every cpuset for good); pods are given the others until those cgroups hold them"
         )
 
 

@@ -239,9 +239,9 @@ def test_cgroup_v1_pods_are_given_only_the_cpus_their_cgroups_hold(tmp_path: Pat
             assert lines == [
                 "INFO CPUs 8-15 came online (online now 0-15)",
                 "WARNING CPUs 8-15 are online but not in the pod cgroups' cpuset.cpus (kubepods has 0-7,"
-                " kubepods/burstable has 0-7, kubepods/besteffort has 0-7): cgroup v1 takes a CPU that"
-                " went offline out of every cpuset and never gives it back, so a container cannot be put"
-                " on them; pods are given the others until those cgroups hold them again",
+                " kubepods/burstable has 0-7, kubepods/besteffort has 0-7): under cgroup v1 a container"
+                " cannot be put on CPUs its parents lack (and v1 takes a CPU that goes offline out of"
+                " every cpuset for good); pods are given the others until those cgroups hold them",
             ]
             _, late = await n.run_pod("late", qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
             assert n.cpuset(late["main"]) == "0-7"
