@@ -28,7 +28,7 @@ def raise_limit() -> tuple[int, int] | None:
     """The soft RLIMIT_NOFILE raised to the hard one: (was, now), or None when nothing changed."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or soft == hard:
-        return None  # not on Linux (nr_open bounds the hard limit); nothing to raise
+        return None  # nothing to raise (an infinite hard limit is not Linux's: nr_open bounds it)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     except (ValueError, OSError):
