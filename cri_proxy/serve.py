@@ -289,11 +289,9 @@ class Proxy:
         (a bad setting still, only at a start or reload)."""
         self.policy.topology = topology
         try:
-            warnings = check_cpus(self.config, self.topology_watch.seen.online, self.present)
+            self._check_cpus(self.config)
         except ConfigError as exc:
-            warnings = [str(exc)]
-        for warning in warnings:
-            logger.warning("{}", warning)
+            logger.warning("{}", exc)
         self._facts_changed()
 
     def _facts_changed(self) -> None:

@@ -49,12 +49,16 @@ class Seen:
         out = self.online - self.usable
         if not out:
             return None
-        short = ", ".join(f"{path} has {cpus or '-'}" for path, cpus in self.held.items() if out - cpus)
+        short = ", ".join(f"{path} has {cpus}" for path, cpus in self.held.items() if out - cpus)
         return (
             f"CPUs {out} are online but not in the pod cgroups' cpuset.cpus ({short}): under cgroup v1"
             " a container cannot be put on CPUs its parents lack (and v1 takes a CPU that goes offline"
             " out of every cpuset for good); pods are given the others until those cgroups hold them"
         )
+
+
+def _problem(left_out: str | None) -> Problem | None:
+    return Problem(None, ProblemKind.CPUS_LEFT_OUT, left_out) if left_out is not None else None
 
 
 def usable_topology(root: Path | str, seen: Seen) -> Topology:
@@ -85,11 +89,8 @@ class TopologyWatch:
         self.changed = changed
         self.every = every
         self.trouble: str | None = None  # the last fault said, until the file reads again
-
-    @property
-    def problem(self) -> Problem | None:
-        left_out = self.seen.left_out()
-        return Problem(None, ProblemKind.CPUS_LEFT_OUT, left_out) if left_out is not None else None
+        # read by every decision (`Policy.inputs`): made when what was seen changes, not there
+        self.problem = _problem(seen.left_out())
 
     async def look(self) -> bool:
         """Read `cpu/online` and the pod cgroups' sets; when the CPUs pods can be given changed,
@@ -119,11 +120,12 @@ class TopologyWatch:
             logger.warning("CPUs {} went offline (online now {})", gone, seen.online)
         if back:
             logger.info("CPUs {} came online (online now {})", back, seen.online)
-        left_out = seen.left_out()
-        if left_out is not None and left_out != before.left_out():
+        left_out, was = seen.left_out(), self.problem
+        if left_out is not None and (was is None or left_out != was.message):
             logger.warning("{}", left_out)
-        elif left_out is None and before.left_out() is not None:
+        elif left_out is None and was is not None:
             logger.info("the pod cgroups hold every online CPU again")
+        self.problem = _problem(left_out)
         if topology is not None:
             logger.info(
                 "pods are given CPUs {} now (were {}): decisions made again, containers updated",
