@@ -46,7 +46,6 @@ class SocketWatch:
             if gone is None:
                 self._said.pop(what, None)
                 continue
-            why = ""
             if gone == "removed":
                 try:
                     if await server.remake_socket():
