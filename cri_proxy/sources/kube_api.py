@@ -1,7 +1,8 @@
 """This node's pods through the Kubernetes API: re-binds that CRI never reports.
 
 The official `kubernetes` client (sync) does the HTTP: config loading (a kubeconfig path, else the
-in-cluster service account, else ~/.kube/config), TLS and auth. Every blocking call runs in a
+in-cluster service account, else ~/.kube/config; read again at each session, so renewed credentials
+and an edited address take effect), TLS and auth. Every blocking call runs in a
 daemon thread of its own, so no CRI call ever waits on the API and a hung API server never holds
 up the proxy's shutdown; the events come back to the event loop, which alone changes the state.
 
@@ -123,6 +124,11 @@ def _close_response(response: Any) -> None:
 
 def _close_client(client: Any) -> None:
     client.close()
+
+
+def _host_of(client: Any) -> str:
+    """The API server address an ApiClient talks to."""
+    return str(getattr(getattr(client, "configuration", None), "host", "") or "")
 
 
 def _load_client(kubeconfig: str) -> Any:
@@ -263,14 +269,22 @@ class KubeApiWatcher:
             self.on_change()
 
     def _host(self) -> str:
-        client = self._client
-        host = getattr(getattr(client, "configuration", None), "host", "") if client is not None else ""
-        return str(host or "")
+        return _host_of(self._client) if self._client is not None else ""
 
     async def _session(self) -> None:
-        """One connection's worth: (list if needed and) watch until it ends. Raises on failure."""
-        if self._client is None:
-            self._client = await _in_thread(lambda: _load_client(self.kubeconfig), on_orphan=_close_client)
+        """One connection's worth: the kubeconfig read again, (list if needed and) watch until it
+        ends. Raises on failure.
+
+        Read at every session, as client-go reads a `tokenFile` again every minute: a token or
+        certificate renewed on disk, or an address edited, takes effect at the next watch (every
+        few minutes) or the next try after a failure (a 401 included), never only at a restart."""
+        client = await _in_thread(lambda: _load_client(self.kubeconfig), on_orphan=_close_client)
+        old, self._client = self._client, client
+        if old is not None:
+            if _host_of(old) != _host_of(client) and self.resource_version:
+                logger.info("Kubernetes API: now {} (was {}): listing again", _host_of(client), _host_of(old))
+                self.resource_version = ""  # another server's resourceVersions mean nothing here
+            _close_client(old)  # a post in flight on it still ends: only its idle connections go
         try:
             if not self.resource_version:
                 await self._list()

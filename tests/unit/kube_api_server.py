@@ -14,7 +14,8 @@ it through a kubeconfig file (`kubeconfig(path)`). What it speaks:
   `start()` brings it back on the same port.
 
 `requests` records every request (`kind` "list" or "watch", the query parameters, the
-Authorization header) for the tests to assert on.
+Authorization header) for the tests to assert on. `tokens`, when set, are the bearer tokens it
+takes: any other request is answered 401 Unauthorized, as an API server answers an expired token.
 
 Events: `POST /api/v1/namespaces/<ns>/events` creates one (409 when its name exists),
 `PATCH /api/v1/namespaces/<ns>/events/<name>` merges a patch into it (404 when absent); `events`
@@ -76,6 +77,7 @@ class KubeApiServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.tokens: set[str] | None = None  # None: any Authorization (or none) goes
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.event_requests: list[tuple[str, str, str, dict[str, Any]]] = []
 
@@ -121,15 +123,17 @@ class KubeApiServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig (JSON is YAML) pointing at this server, with a bearer token."""
+    def kubeconfig(self, path: Path, token_file: Path | None = None) -> Path:
+        """A kubeconfig (JSON is YAML) pointing at this server, with a bearer token (inline, or
+        `tokenFile` naming `token_file`)."""
+        user = {"tokenFile": str(token_file)} if token_file is not None else {"token": "test-token"}
         path.write_text(
             json.dumps(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
                     "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-                    "users": [{"name": "test", "user": {"token": "test-token"}}],
+                    "users": [{"name": "test", "user": user}],
                     "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
                     "current-context": "test",
                 }
@@ -302,6 +306,15 @@ class _Handler(BaseHTTPRequestHandler):
         loaded: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
         return loaded
 
+    def _unauthorized(self) -> bool:
+        """Answered 401 when `tokens` are set and this request's bearer token is not one of them."""
+        tokens = self.api.tokens
+        given = self.headers.get("Authorization", "")
+        if tokens is None or given.removeprefix("Bearer ") in tokens:
+            return False
+        self._json(401, _status(401, "Unauthorized", "Unauthorized"))
+        return True
+
     def _event_path(self) -> tuple[str, str] | None:
         parts = urlsplit(self.path).path.strip("/").split("/")
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (5, 6) and parts[4] == "events":
@@ -310,6 +323,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         api, where, body = self.api, self._event_path(), self._body()
+        if self._unauthorized():
+            return
         if where is None or where[1]:
             self._json(404, _status(404, "NotFound", f"{self.path} not found"))
             return
@@ -324,6 +339,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         api, where, body = self.api, self._event_path(), self._body()
+        if self._unauthorized():
+            return
         if where is None or not where[1]:
             self._json(404, _status(404, "NotFound", f"{self.path} not found"))
             return
@@ -348,6 +365,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, _status(404, "NotFound", f"{url.path} not found"))
             return
         api.requests.append(request)
+        if self._unauthorized():
+            request.status = 401
+            return
         node = None
         selector = params.get("fieldSelector", "")
         if selector:

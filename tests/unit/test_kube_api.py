@@ -297,6 +297,58 @@ def test_a_kubeconfig_that_is_a_fifo_is_reported_not_waited_on(tmp_path: Path) -
     run(main())
 
 
+def test_a_rotated_token_file_is_read_again_and_the_watch_goes_on(tmp_path: Path) -> None:
+    """A kubeconfig whose user names a `tokenFile` (a bound service-account token that some agent
+    renews, as client-go reads again every minute): the token in force when the proxy started
+    expires; the watch must go on with the renewed one, without a restart."""
+
+    async def main() -> None:
+        token = tmp_path / "token"
+        token.write_text("first")
+        with KubeApiServer() as server:
+            server.tokens = {"first"}
+            server.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
+            kubeconfig = server.kubeconfig(tmp_path / "kubeconfig", token_file=token)
+            async with node(
+                tmp_path,
+                kubernetes_enabled=True,
+                kubernetes_node_name=server.node,
+                kubernetes_kubeconfig=str(kubeconfig),
+            ) as n:
+                api = await synced(n)
+                _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
+
+                token.write_text("second")  # renewed; the old one expires and the watch ends
+                server.tokens = {"second"}
+                server.drop_watches()
+                server.annotate("uid-lsr", alloc("4-5"))
+                await eventually(lambda: n.cpuset(lsr["main"]) == "4-5", "followed with the new token")
+                assert server.watch_requests()[-1].authorization == "Bearer second"
+                await eventually(lambda: api.problem is None, "no problem left")
+
+    run(main())
+
+
+def test_a_kubeconfig_edited_to_another_server_is_followed(tmp_path: Path) -> None:
+    """The API server moved (a new address written into the kubeconfig): the next try reads the
+    kubeconfig again instead of knocking at the old address for good."""
+
+    async def main() -> None:
+        with KubeApiServer() as old, KubeApiServer(node=old.node) as new:
+            old.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
+            new.put_pod("lsr", labels=LSR, annotations=alloc("6-7"))
+            async with api_node(tmp_path, old) as n:
+                api = await synced(n)
+                _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
+                new.kubeconfig(tmp_path / "kubeconfig")
+                old.stop()
+                await eventually(lambda: n.cpuset(lsr["main"]) == "6-7", "the new server's allocation")
+                await eventually(lambda: api.problem is None, "no problem left")
+                assert new.list_requests()
+
+    run(main())
+
+
 # -- the precedence rule ----------------------------------------------------------------------------
 def _pod(sandbox: str, cpus: str, qos: str = "LSR") -> PodRecord:
     return PodRecord(sandbox, "uid-a", "a", "default", "/kubepods/poduid-a", {QOS_LABEL: qos}, alloc(cpus))
