@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -146,11 +147,50 @@ def write_put_off() -> None:
         waiting.write()
 
 
+LIBRARY_LEVELS = {"": logging.WARNING, "urllib3": logging.ERROR}
+"""What the libraries that log through `logging` may say. urllib3's warnings are the retries and
+pool misses of the Kubernetes client, which the proxy says itself once, in its own words; without
+a handler they went to stderr as bare text, every retry, past the writer that never blocks."""
+
+
+class _ToLoguru(logging.Handler):
+    """A `logging` record (urllib3, the kubernetes client, grpcio, asyncio) as one of the proxy's
+    own lines: the same layout, level and writer, its logger (or module) named. A line its logger
+    said last time too goes at DEBUG: the kubernetes client says a failing credential plugin at
+    every try, and the proxy's own line already says the API is still unreachable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: dict[str, str] = {}  # logger name -> its last message
+
+    def emit(self, record: logging.LogRecord) -> None:
+        name = record.module if record.name == "root" else record.name
+        message = record.getMessage()
+        level: str | int = "DEBUG"
+        if self.last.get(name) != message:
+            self.last[name] = message
+            try:
+                level = logger.level(record.levelname).name
+            except ValueError:
+                level = record.levelno
+        logger.opt(exception=record.exc_info or None).log(level, "{}: {}", name, message)
+
+
+def _route_library_logs() -> None:
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, _ToLoguru)]:
+        root.removeHandler(handler)
+    root.addHandler(_ToLoguru())
+    for name, limit in LIBRARY_LEVELS.items():
+        logging.getLogger(name or None).setLevel(limit)
+
+
 def setup_logging(level: str = "INFO", fmt: str = "auto") -> None:
     """`auto`: colour on a terminal; under journald (JOURNAL_STREAM set) plain lines without time
     or colour, journald adds its own; elsewhere plain lines with time. `json`: one JSON object a line."""
     global _debug
     logger.remove()
+    _route_library_logs()
     level = level.upper()
     _debug = logger.level(level).no <= logger.level("DEBUG").no
     if fmt == "json":

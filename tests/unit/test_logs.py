@@ -4,6 +4,7 @@ create's debug line is not even put together on its call's path otherwise)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -78,3 +79,27 @@ def test_lines_put_off_come_in_order_within_their_wait_and_none_is_lost(
         logger.remove(sink)
     logs.put_off(emit, "h")  # no running loop
     assert written[-1][0] == "h"
+
+
+def test_library_lines_are_the_proxys_own_lines_and_urllib3_retries_are_left_to_it(restored: None) -> None:
+    """urllib3, grpcio, asyncio and the kubernetes client log through `logging`; with no handler
+    their warnings went to stderr as bare text past the writer that never blocks, and urllib3 said
+    every retry of the Kubernetes client that the proxy says once itself."""
+    setup_logging("DEBUG")
+    lines: list[tuple[str, str]] = []
+    sink = logger.add(lambda m: lines.append((m.record["level"].name, m.record["message"])), level="DEBUG")
+    try:
+        logging.getLogger("grpc._server").warning("a %s went wrong", "thing")
+        logging.getLogger("grpc._server").warning("a %s went wrong", "thing")  # again: at DEBUG
+        logging.getLogger("asyncio").error("Task exception was never retrieved")
+        logging.getLogger("some.lib").info("chatter")  # libraries: warnings and up only
+        logging.getLogger("urllib3.connectionpool").warning("Retrying (Retry(total=0)) after ...")
+    finally:
+        logger.remove(sink)
+    assert lines == [
+        ("WARNING", "grpc._server: a thing went wrong"),
+        ("DEBUG", "grpc._server: a thing went wrong"),
+        ("ERROR", "asyncio: Task exception was never retrieved"),
+    ]
+    setup_logging("INFO")  # again (a reload): still one route, not two
+    assert sum(type(h).__name__ == "_ToLoguru" for h in logging.getLogger().handlers) == 1

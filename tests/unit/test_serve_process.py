@@ -606,3 +606,41 @@ def test_in_grpc_mode_a_removed_cri_socket_is_said_as_it_cannot_be_bound_again(
     finally:
         stop(proc)
         other.close()
+
+
+def test_what_the_libraries_log_comes_out_as_the_proxys_own_lines(tmp_path: Path, fake: Path) -> None:
+    """The kubernetes client logs an exec credential plugin that cannot run through `logging`
+    (asyncio and grpcio do the same with their errors): without a handler it went to stderr as bare
+    text past the writer that never blocks (grpcio's and urllib3's were dropped). It must come out
+    as the proxy's own lines, and urllib3's warning of each retry must not (the proxy says the API
+    is down once, then at DEBUG)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once the probe is closed
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        '{"apiVersion": "v1", "kind": "Config", "current-context": "c",'
+        f' "clusters": [{{"name": "k", "cluster": {{"server": "http://127.0.0.1:{port}"}}}}],'
+        ' "users": [{"name": "u", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1",'
+        ' "command": "/nonexistent/credential-plugin", "interactiveMode": "Never"}}}],'
+        ' "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}'
+    )
+    config = tmp_path / "config.toml"
+    config.write_text(f'[kubernetes]\nenabled = true\nnode_name = "n1"\nkubeconfig = "{kubeconfig}"\n')
+    log = tmp_path / "proxy.log"
+    proc, _ = start_proxy(tmp_path, fake, "--log-level", "DEBUG", config=config, log=log)
+    try:
+        wait_until(
+            lambda: log.read_text().count("Kubernetes API still unreachable") >= 2, 20, "two tries more"
+        )
+    finally:
+        assert stop(proc) == 0
+    lines = log.read_text().splitlines()
+    layout = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO|WARNING|ERROR) ")
+    assert [line for line in lines if not layout.match(line)] == []
+    plugin = [line for line in lines if "/nonexistent/credential-plugin" in line]
+    assert len(plugin) >= 3  # one a try
+    assert "ERROR   kube_config: [Errno 2] No such file or directory" in plugin[0]
+    assert all(" DEBUG " in line for line in plugin[1:])  # said once: the same words at DEBUG after
+    assert any(f"Kubernetes API http://127.0.0.1:{port}: " in line for line in lines)
+    assert not any("Retrying (Retry(" in line for line in lines)
