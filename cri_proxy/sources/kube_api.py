@@ -38,6 +38,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from cri_proxy.cpu import Problem, ProblemKind
 from cri_proxy.files import read_small
 from cri_proxy.state.model import NodeState
+from cri_proxy.threads import in_daemon_thread
 
 T = TypeVar("T")
 
@@ -72,41 +73,6 @@ def describe(exc: BaseException) -> str:
     first = exc.args[0] if exc.args else None  # urllib3's ProtocolError: (message, cause)
     text = (first if isinstance(first, str) else str(exc)).strip() or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
-
-
-async def _in_thread(fn: Callable[[], T], on_orphan: Callable[[T], None] | None = None) -> T:
-    """Run a blocking call in a daemon thread (not the default executor: a hung read must not
-    hold up the loop's shutdown). Cancelling the await abandons the thread; its late result goes
-    to `on_orphan`."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def deliver(ok: bool, value: Any) -> None:
-        if future.cancelled():
-            if ok and on_orphan is not None:
-                with contextlib.suppress(Exception):
-                    on_orphan(value)
-            return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-    def work() -> None:
-        try:
-            result: Any = fn()
-            ok = True
-        except BaseException as exc:
-            result, ok = exc, False
-        try:
-            loop.call_soon_threadsafe(deliver, ok, result)
-        except RuntimeError:  # the loop is gone
-            if ok and on_orphan is not None:
-                with contextlib.suppress(Exception):
-                    on_orphan(result)
-
-    threading.Thread(target=work, name="kube-api", daemon=True).start()
-    return await future
 
 
 def _close_response(response: Any) -> None:
@@ -278,7 +244,9 @@ class KubeApiWatcher:
         Read at every session, as client-go reads a `tokenFile` again every minute: a token or
         certificate renewed on disk, or an address edited, takes effect at the next watch (every
         few minutes) or the next try after a failure (a 401 included), never only at a restart."""
-        client = await _in_thread(lambda: _load_client(self.kubeconfig), on_orphan=_close_client)
+        client = await in_daemon_thread(
+            lambda: _load_client(self.kubeconfig), on_orphan=_close_client, name="kube-api"
+        )
         old, self._client = self._client, client
         if old is not None:
             if _host_of(old) != _host_of(client) and self.resource_version:
@@ -300,7 +268,7 @@ class KubeApiWatcher:
         pods: list[Any] = []
         cont = ""
         while True:
-            page = await _in_thread(functools.partial(self._get_list, cont))
+            page = await in_daemon_thread(functools.partial(self._get_list, cont), name="kube-api")
             items = page.get("items")
             meta = page.get("metadata")
             if not isinstance(items, list) or not isinstance(meta, dict):
@@ -380,7 +348,9 @@ class KubeApiWatcher:
 
     async def _watch(self) -> None:
         rv = self.resource_version
-        response = await _in_thread(lambda: self._open_watch(rv), on_orphan=_close_response)
+        response = await in_daemon_thread(
+            lambda: self._open_watch(rv), on_orphan=_close_response, name="kube-api"
+        )
         self._response = response
         self.watches += 1
         self._set_problem(None)
