@@ -226,7 +226,7 @@ class Proxy:
         await self.admin.stop(0)
         await self.supervisor.stop()
         if self.lock.held:
-            await self.checkpoints.save()
+            await self.checkpoints.flush()
         self.lock.release()
         write_put_off()  # the lines about the last calls
 
@@ -338,6 +338,7 @@ class Proxy:
             "dry_run": self.config.dry_run,
             "replaced": self.hooks.replaced,
             "log_lines_dropped": log_lines_dropped(),
+            "checkpoint_unsaved_seconds": self.checkpoints.unsaved_seconds(),
         }
 
     async def _watchdog(self, interval: float) -> None:

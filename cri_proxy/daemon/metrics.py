@@ -161,6 +161,12 @@ class StateCollector(Collector):
             "log lines dropped because stderr (journald) did not take them in time",
             value=s.get("log_lines_dropped", 0),
         )
+        yield GaugeMetricFamily(
+            "cri_proxy_checkpoint_unsaved_seconds",
+            "how long the checkpoint has lacked a change of the state (0: it holds them all); "
+            "grows while the state directory's disk is full, read-only or stalled",
+            value=s.get("checkpoint_unsaved_seconds", 0.0),
+        )
         yield GaugeMetricFamily("cri_proxy_pods_tracked", "pod sandboxes the proxy knows", value=s["pods"])
         yield GaugeMetricFamily(
             "cri_proxy_containers_tracked", "containers the proxy knows", value=s["containers"]

@@ -23,6 +23,7 @@ import pytest
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.client import CriClient
+from tests import stalled_disk
 from tests.h2raw import never_reading_client
 from tests.processes import (
     CLI,
@@ -400,11 +401,15 @@ def _read_to_end(fd: int, out: bytearray) -> None:
 
 
 def _lines_dropped(port: int) -> float:
+    return _metric(port, "cri_proxy_log_lines_dropped_total")
+
+
+def _metric(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         for text in reply.read().decode().splitlines():
-            if text.startswith("cri_proxy_log_lines_dropped_total "):
+            if text.startswith(name + " "):
                 return float(text.split()[1])
-    raise AssertionError("no cri_proxy_log_lines_dropped_total in /metrics")
+    raise AssertionError(f"no {name} in /metrics")
 
 
 def test_sigusr1_writes_every_stack_to_the_log_and_sigusr2_ends_nothing(tmp_path: Path, fake: Path) -> None:
@@ -644,3 +649,47 @@ def test_what_the_libraries_log_comes_out_as_the_proxys_own_lines(tmp_path: Path
     assert all(" DEBUG " in line for line in plugin[1:])  # said once: the same words at DEBUG after
     assert any(f"Kubernetes API http://127.0.0.1:{port}: " in line for line in lines)
     assert not any("Retrying (Retry(" in line for line in lines)
+
+
+@pytest.mark.skipif(bool(stalled_disk.available()), reason=stalled_disk.available() or "-")
+def test_a_stalled_disk_is_said_and_does_not_hold_the_stop(tmp_path: Path, fake: Path) -> None:
+    """The state directory's disk stops answering (a real one: writes throttled to 1 byte/s, so the
+    checkpoint's fsync waits in the kernel). Calls are answered as ever; the stalled write is said
+    once and counted in /metrics; SIGTERM ends the serving within the stop's bound, saying the
+    checkpoint was left, instead of waiting on the fsync until systemd's kill (the lock and the
+    last lines with it). Once the disk answers the process is gone, exit 0."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with stalled_disk.StalledDisk(tmp_path) as disk:
+        log = tmp_path / "proxy.log"
+        proc, sock = start_proxy(
+            tmp_path, fake, "--metrics-address", f"127.0.0.1:{port}", state_dir=disk.mount / "state", log=log
+        )
+        try:
+            wait_until(
+                lambda: (disk.mount / "state" / "checkpoint.json").exists(), 20, "the first checkpoint"
+            )
+            disk.enter(proc.pid)
+            disk.stall()
+            with CriClient(f"unix://{sock}") as client:
+                client.runtime.RunPodSandbox(
+                    v1.RunPodSandboxRequest(
+                        config=v1.PodSandboxConfig(
+                            metadata=v1.PodSandboxMetadata(name="p", uid="u", namespace="ns")
+                        )
+                    ),
+                    timeout=5,
+                )
+                wait_until(lambda: "is the disk stalled?" in log.read_text(), 30, "the stalled write said")
+                began = time.monotonic()
+                assert client.runtime.Version(v1.VersionRequest(), timeout=5).runtime_name
+                assert time.monotonic() - began < 2
+            assert _metric(port, "cri_proxy_checkpoint_unsaved_seconds") >= 10
+            proc.send_signal(signal.SIGTERM)
+            wait_until(lambda: "stopping without it" in log.read_text(), 20, "the stop not waiting for it")
+            assert not sock.exists()
+        finally:
+            disk.release()
+            code = stop(proc, 30)
+        assert code == 0, log.read_text()[-2000:]

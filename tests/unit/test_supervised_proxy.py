@@ -101,10 +101,10 @@ def test_a_loop_that_fails_then_recovers_is_up_again(tmp_path: Path) -> None:
             failures = [RuntimeError("once"), RuntimeError("twice")]
             real_save = proxy.checkpoints.save
 
-            async def save() -> None:
+            async def save(deadline: float | None = None) -> bool:
                 if failures:
                     raise failures.pop()
-                await real_save()
+                return await real_save(deadline)
 
             proxy.checkpoints.save = save  # type: ignore[method-assign]
             await _until(lambda: proxy.supervisor.restarts().get("checkpoint") == 2, "two restarts")
