@@ -11,7 +11,8 @@ The protocol, as client-go's reflector does it:
   where the watch starts; API views of pods no longer listed are forgotten;
 - watch from the last resourceVersion seen (an event's object, or a BOOKMARK), with bookmarks
   asked for; a watch that ends (server time-out, dropped connection) resumes from there at once;
-- 410 Gone (an ERROR event with code 410, or the watch request answered 410): list again;
+- 410 Gone (an ERROR event with code 410, or the watch request answered 410): list again (from
+  the third 410 in a row, spaced out with back-off: each list is still the truth, so no problem);
 - anything else (refused, time-out, 5xx, 403, bad config): `problem` is `api-unreachable`, the
   proxy goes on with CRI data alone (and the API views it already had), retrying with back-off.
 
@@ -45,6 +46,8 @@ T = TypeVar("T")
 CONNECT_TIMEOUT = 5.0
 LIST_TIMEOUT = 60.0
 LIST_PAGE = 500
+GONE_STREAK = 3
+"""410s in a row from which the lists are spaced out with back-off."""
 MAX_KUBECONFIG_BYTES = 16 * 1024 * 1024  # a kubeconfig with inline certificates is kilobytes
 
 
@@ -173,7 +176,7 @@ class KubeApiWatcher:
         self.events = 0  # watch events handled
         self._client: Any = None
         self._response: Any = None  # the open watch, to unblock its reader on stop
-        self._gone_in_a_row = 0  # 410s without an event in between
+        self._gones = 0  # 410s with no event nor a watch's normal end in between
 
     @property
     def field_selector(self) -> str:
@@ -258,11 +261,23 @@ class KubeApiWatcher:
                 await self._list()
             await self._watch()
         except _Gone:
-            self._gone_in_a_row += 1
-            if self._gone_in_a_row > 2:  # even a fresh list's resourceVersion is refused
-                raise ApiError("410 Gone, again and again right after listing") from None
-            logger.info("resourceVersion {} expired (410 Gone): listing again", self.resource_version or "-")
-            self.resource_version = ""
+            expired, self.resource_version = self.resource_version, ""
+            self._gones += 1
+            if self._gones < GONE_STREAK:
+                logger.info("resourceVersion {} expired (410 Gone): listing again", expired or "-")
+                return
+            # even a fresh list's resourceVersion is refused (an API server whose watch cache lags
+            # the one that listed). Each list is still the truth, so no problem: only lists
+            # spaced out with back-off, so as not to hammer the API server.
+            delay = min(self.backoff_max, self.backoff * 2 ** (self._gones - GONE_STREAK))
+            say = logger.warning if self._gones == GONE_STREAK else logger.debug
+            say(
+                "Kubernetes API {}: 410 Gone right after each list ({} in a row); listing again in {:.1f} s",
+                self._host(),
+                self._gones,
+                delay,
+            )
+            await asyncio.sleep(delay)
 
     async def _list(self) -> None:
         pods: list[Any] = []
@@ -386,6 +401,8 @@ class KubeApiWatcher:
                         )
                     elif handled == 0 and time.monotonic() - began < 1.0:
                         raise ApiError("the watch ended at once")
+                    else:
+                        self._progress()  # the server's time-out: this resourceVersion held
                     return
                 if line.strip():
                     self._event(line)
@@ -411,6 +428,7 @@ class KubeApiWatcher:
             message = obj.get("message") if isinstance(obj, dict) else None
             raise ApiError(f"watch error {code}: {message}")
         self.events += 1
+        self._progress()
         if kind == "BOOKMARK":
             meta = obj.get("metadata") if isinstance(obj, dict) else None
             rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
@@ -421,7 +439,6 @@ class KubeApiWatcher:
         if fields is None:
             return
         uid, key, labels, annotations, rv = fields
-        self._gone_in_a_row = 0
         if kind in ("ADDED", "MODIFIED"):
             changed = self._apply(uid, key, labels, annotations, rv, uid in self.state.api_views())
         elif kind == "DELETED":
@@ -434,6 +451,14 @@ class KubeApiWatcher:
             self.resource_version = rv
         if changed:
             self.on_change()
+
+    def _progress(self) -> None:
+        """The watch works: a streak of 410s is over."""
+        if self._gones >= GONE_STREAK:
+            logger.info(
+                "Kubernetes API {}: watching again after {} times 410 Gone", self._host(), self._gones
+            )
+        self._gones = 0
 
     def _apply(
         self, uid: str, key: str, labels: dict[str, str], annotations: dict[str, str], rv: str, known: bool

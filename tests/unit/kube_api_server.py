@@ -183,6 +183,15 @@ class KubeApiServer:
             self._cond.notify_all()
             return pod
 
+    def pods_on(self, node: str) -> dict[str, str]:
+        """uid -> resourceVersion of the pods bound to `node` now."""
+        with self._cond:
+            return {
+                uid: p["metadata"]["resourceVersion"]
+                for uid, p in self._pods.items()
+                if p["spec"]["nodeName"] == node
+            }
+
     def annotate(self, uid: str, annotations: dict[str, str], *, emit: bool = True) -> None:
         """Replace a pod's annotations (a MODIFIED event)."""
         meta = self._pods[uid]["metadata"]
@@ -207,12 +216,14 @@ class KubeApiServer:
             node=self._pods[uid]["spec"]["nodeName"],
         )
 
-    def delete_pod(self, uid: str) -> None:
+    def delete_pod(self, uid: str, *, emit: bool = True) -> None:
+        """DELETED; `emit=False`: without the event, as if lost to compaction."""
         with self._cond:
             pod = self._pods.pop(uid)
             self._rv += 1
             pod["metadata"]["resourceVersion"] = str(self._rv)
-            self._history.append(_Event(self._rv, "DELETED", pod, pod["spec"]["nodeName"]))
+            if emit:
+                self._history.append(_Event(self._rv, "DELETED", pod, pod["spec"]["nodeName"]))
             self._cond.notify_all()
 
     def bookmark(self) -> int:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from cri_proxy import config as config_mod
 from cri_proxy.errors import ConfigError
@@ -170,6 +172,45 @@ def test_410_gone_on_the_watch_lists_again(tmp_path: Path) -> None:
             assert 410 in statuses
             await eventually(lambda: server.open_watches == 1, "watching again")
             assert api.problem is None
+
+    run(main())
+
+
+def test_410_right_after_each_list_lists_again_with_back_off_and_is_no_problem(tmp_path: Path) -> None:
+    """An API server whose watch cache lags the one that listed answers every watch 410 Gone,
+    even from a fresh list's resourceVersion. Each list is still the truth: the watcher lists
+    again (spaced out with back-off), reports no problem, and watches again once it can. Before,
+    the third 410 in a row became `api-unreachable` and no list ever came again: the views went
+    stale for good, the problem flapping at each try."""
+
+    async def main() -> None:
+        with KubeApiServer() as server:
+            server.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
+            state = NodeState()
+            seen: list[object] = []
+            kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+            api = KubeApiWatcher(
+                state, server.node, str(kubeconfig), lambda: seen.append(api.problem), backoff=0.02
+            )
+            task = asyncio.ensure_future(api.run())
+            try:
+                await eventually(lambda: server.open_watches == 1, "watching")
+                for _ in range(6):
+                    server.gone_http_next()
+                server.annotate("uid-lsr", alloc("4-5"), emit=False)
+                server.expire()  # the open watch ends 410; then six watch requests answered 410
+                await eventually(lambda: len(server.list_requests()) >= 8, "a list after each 410")
+                server.annotate("uid-lsr", alloc("6-7"))
+                await eventually(
+                    lambda: json.loads(state.api_views()["uid-lsr"].annotations[ALLOC])["cpuset"] == "6-7",
+                    "watching again",
+                )
+                assert [r.status for r in server.watch_requests()][-7:] == [410] * 6 + [200]
+                assert api.problem is None and not any(seen)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     run(main())
 
@@ -345,6 +386,94 @@ def test_a_kubeconfig_edited_to_another_server_is_followed(tmp_path: Path) -> No
                 await eventually(lambda: n.cpuset(lsr["main"]) == "6-7", "the new server's allocation")
                 await eventually(lambda: api.problem is None, "no problem left")
                 assert new.list_requests()
+
+    run(main())
+
+
+Op = tuple[str, int, str]
+OPS: st.SearchStrategy[Op] = st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 3), st.sampled_from(["2-3", "4-5", "10-11"])),
+    st.tuples(st.sampled_from(["delete", "lost-delete"]), st.integers(0, 3), st.just("")),
+    st.tuples(st.just("lost"), st.integers(0, 3), st.sampled_from(["6-7", "8-9"])),
+    st.tuples(st.just("elsewhere"), st.integers(0, 3), st.just("")),
+    st.tuples(
+        st.sampled_from(["drop", "bookmark", "gone-http", "restart", "rotate"]), st.just(0), st.just("")
+    ),
+)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    phases=[
+        Phase.explicit,
+        Phase.reuse,
+        Phase.generate,
+    ],  # a failing example waits out its 10 s: no shrinking
+)
+@given(ops=st.lists(st.tuples(OPS, st.sampled_from([0.0, 0.01, 0.05])), max_size=10))
+def test_whatever_the_api_does_the_views_end_as_the_api_has_the_pods(
+    tmp_path: Path, ops: list[tuple[Op, float]]
+) -> None:
+    """The watcher as a state machine, against the test API server: random interleavings of pods
+    added, changed and deleted, changes and deletions lost to compaction (only a re-list sees
+    them), watches cut,
+    bookmarks, 410 Gone answers, the server down and back, the token renewed. Once the API is
+    quiet, the node state's API views are this node's pods, each at its latest resourceVersion,
+    with no problem left."""
+    run_dir = tmp_path / f"run-{time.monotonic_ns()}"
+    run_dir.mkdir()
+    token = run_dir / "token"
+    token.write_text("t0")
+
+    async def main() -> None:
+        with KubeApiServer() as server:
+            server.tokens = {"t0"}
+            kubeconfig = server.kubeconfig(run_dir / "kubeconfig", token_file=token)
+            state = NodeState()
+            api = KubeApiWatcher(state, server.node, str(kubeconfig), backoff=0.01, backoff_max=0.2)
+            task = asyncio.ensure_future(api.run())
+            try:
+                for n, ((op, i, cpus), pause) in enumerate(ops):
+                    uid = f"uid-p{i}"
+                    here = server.pods_on(server.node)
+                    if op == "put":
+                        server.put_pod(f"p{i}", uid, LSR, alloc(cpus))
+                    elif op == "delete" and uid in here:
+                        server.delete_pod(uid)
+                    elif op == "lost-delete" and uid in here:
+                        server.delete_pod(uid, emit=False)
+                        server.expire()
+                    elif op == "lost" and uid in here:
+                        server.annotate(uid, alloc(cpus), emit=False)
+                        server.expire()
+                    elif op == "elsewhere":
+                        server.put_pod(f"q{i}", f"uid-q{i}-{n}", LS, node="node-2")
+                    elif op == "drop":
+                        server.drop_watches()
+                    elif op == "bookmark":
+                        server.bookmark()
+                    elif op == "gone-http":
+                        server.gone_http_next()
+                    elif op == "restart":
+                        server.stop()
+                        await asyncio.sleep(pause)
+                        server.start()
+                    elif op == "rotate":
+                        token.write_text(f"t{n + 1}")
+                        server.tokens = {f"t{n + 1}"}
+                    await asyncio.sleep(pause)
+
+                def settled() -> bool:
+                    views = {uid: v.resource_version for uid, v in state.api_views().items()}
+                    return views == server.pods_on(server.node) and api.problem is None
+
+                await eventually(settled, "the API views as the API has the pods", timeout=10)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     run(main())
 
