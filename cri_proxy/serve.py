@@ -132,6 +132,7 @@ class Proxy:
         self.introspection.extra = lambda: {
             "runtime_up": self.probe.up,
             "cpuset_updates_replaced": self.hooks.replaced,
+            "checkpoint": self.checkpoints.describe(),
         }
         self.lock = StateDirLock(config.state_dir)
         self.recovery = RecoveryRuns(self._recover_once, config.runtime_endpoint)

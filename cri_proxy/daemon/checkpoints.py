@@ -78,6 +78,16 @@ class CheckpointKeeper:
         since = self._unsaved_since
         return 0.0 if since is None else time.monotonic() - since
 
+    def describe(self) -> str:
+        """One line for `ctl status`: whether the checkpoint holds the state, and if not, why."""
+        behind = self.unsaved_seconds()
+        took = time.monotonic() - self._began
+        if self._writing is not None and not self._writing.done() and took >= self.stalled_after:
+            return f"{behind:.0f} s behind: a write under way for {took:.0f} s (disk stalled?)"
+        if self._last_error:
+            return f"{behind:.0f} s behind: {self._last_error}"
+        return "up to date" if behind == 0.0 else f"{behind:.1f} s behind (its write is due)"
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)

@@ -83,6 +83,7 @@ def test_a_write_that_does_not_end_is_said_once_and_counted_and_the_stop_does_no
         await until(lambda: any("has not ended" in m for _, m in lines), "the stall said")
         assert write.started == 1
         assert keeper.unsaved_seconds() >= 0.2
+        assert "s behind: a write under way for" in keeper.describe()  # `ctl status`
         stalls = [m for lvl, m in lines if "has not ended" in m]
         assert len(stalls) == 1 and "is the disk stalled?" in stalls[0] and str(keeper.path) in stalls[0]
 
@@ -94,6 +95,7 @@ def test_a_write_that_does_not_end_is_said_once_and_counted_and_the_stop_does_no
         write.gate.release()
         await until(lambda: keeper.unsaved_seconds() == 0.0, "every change written")
         assert saved_pods(keeper.path) == {f"s{n}" for n in range(1, 6)}
+        assert keeper.describe() == "up to date"
 
         state.put_pod(pod(6))
         await until(lambda: write.started == 3, "a write that hangs again")
@@ -174,6 +176,7 @@ def test_one_write_at_a_time_and_the_file_never_goes_back(tmp_path_factory: obje
                     p.sandbox_id for p in state.pods()
                 }
                 assert (keeper.unsaved_seconds() == 0.0) == held
+                assert (keeper.describe() == "up to date") == held
         failing.clear()
         for _ in range(4):
             write.gate.release()

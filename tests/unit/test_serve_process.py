@@ -686,6 +686,8 @@ def test_a_stalled_disk_is_said_and_does_not_hold_the_stop(tmp_path: Path, fake:
                 assert client.runtime.Version(v1.VersionRequest(), timeout=5).runtime_name
                 assert time.monotonic() - began < 2
             assert _metric(port, "cri_proxy_checkpoint_unsaved_seconds") >= 10
+            status = ctl_json(f"unix://{sock}", "status", "-o", "json")
+            assert "s behind: a write under way for" in status["checkpoint"]
             proc.send_signal(signal.SIGTERM)
             wait_until(lambda: "stopping without it" in log.read_text(), 20, "the stop not waiting for it")
             assert not sock.exists()
