@@ -25,6 +25,15 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
+async def eventually(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    """Poll `check` every 10 ms until it holds; fail naming `what` after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.01)
+
+
 @dataclass
 class Bed:
     dir: Path

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -18,6 +17,7 @@ from loguru import logger
 from cri_proxy.daemon.checkpoints import CheckpointKeeper
 from cri_proxy.state import checkpoint
 from cri_proxy.state.model import NodeState, PodRecord
+from tests.unit.relay_support import eventually
 
 
 def pod(n: int) -> PodRecord:
@@ -51,14 +51,6 @@ class Gated:
                 self.running -= 1
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
-
-
 def saved_pods(path: Path) -> set[str]:
     loaded = checkpoint.load(path)
     return {p.sandbox_id for p in loaded[0]} if loaded else set()
@@ -76,11 +68,11 @@ def test_a_write_that_does_not_end_is_said_once_and_counted_and_the_stop_does_no
         keeper = CheckpointKeeper(tmp_path, state, interval=0.01, stalled_after=0.2, write=write)
         task = asyncio.ensure_future(keeper.run())
         state.put_pod(pod(1))
-        await until(lambda: write.started == 1, "the first write under way")
+        await eventually(lambda: write.started == 1, "the first write under way")
         for n in range(2, 6):  # changes while it hangs: no second write beside it
             state.put_pod(pod(n))
             await asyncio.sleep(0.05)
-        await until(lambda: any("has not ended" in m for _, m in lines), "the stall said")
+        await eventually(lambda: any("has not ended" in m for _, m in lines), "the stall said")
         assert write.started == 1
         assert keeper.unsaved_seconds() >= 0.2
         assert "s behind: a write under way for" in keeper.describe()  # `ctl status`
@@ -88,17 +80,17 @@ def test_a_write_that_does_not_end_is_said_once_and_counted_and_the_stop_does_no
         assert len(stalls) == 1 and "is the disk stalled?" in stalls[0] and str(keeper.path) in stalls[0]
 
         write.gate.release()  # the disk answers again: that write held pod 1 only
-        await until(lambda: write.started == 2, "the next write, of the state now")
+        await eventually(lambda: write.started == 2, "the next write, of the state now")
         assert any(lvl == "INFO" and "written after" in m for lvl, m in lines)
         assert saved_pods(keeper.path) == {"s1"}
         assert keeper.unsaved_seconds() > 0  # the changes after its snapshot are not in the file yet
         write.gate.release()
-        await until(lambda: keeper.unsaved_seconds() == 0.0, "every change written")
+        await eventually(lambda: keeper.unsaved_seconds() == 0.0, "every change written")
         assert saved_pods(keeper.path) == {f"s{n}" for n in range(1, 6)}
         assert keeper.describe() == "up to date"
 
         state.put_pod(pod(6))
-        await until(lambda: write.started == 3, "a write that hangs again")
+        await eventually(lambda: write.started == 3, "a write that hangs again")
         task.cancel()  # the stop: the loops end, then the last writes within the bound
         began = time.monotonic()
         await keeper.flush(wait=0.3)
@@ -121,7 +113,7 @@ def test_the_stop_waits_for_the_write_under_way_then_writes_the_state_now(tmp_pa
         keeper = CheckpointKeeper(tmp_path, state, interval=0.01, write=write)
         task = asyncio.ensure_future(keeper.run())
         state.put_pod(pod(1))
-        await until(lambda: write.started == 1, "a write under way")
+        await eventually(lambda: write.started == 1, "a write under way")
         state.put_pod(pod(2))
         task.cancel()
         threading.Timer(0.1, write.gate.release).start()

@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +24,10 @@ from cri_proxy.sources.kube_api import KubeApiWatcher
 from cri_proxy.state.model import NodeState, PodRecord
 from tests.unit.enforce_support import ALLOC, QOS_LABEL, Node, alloc, node
 from tests.unit.kube_api_server import KubeApiServer
-from tests.unit.relay_support import run
+from tests.unit.relay_support import eventually, run
 
 LSR = {QOS_LABEL: "LSR"}
 LS = {QOS_LABEL: "LS"}
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 def watcher(n: Node) -> KubeApiWatcher:
@@ -52,8 +44,10 @@ async def synced(n: Node) -> KubeApiWatcher:
 
 
 @contextlib.asynccontextmanager
-async def api_node(tmp: Path, server: KubeApiServer, **config: Any) -> AsyncIterator[Node]:
-    kubeconfig = server.kubeconfig(tmp / "kubeconfig")
+async def api_node(
+    tmp: Path, server: KubeApiServer, token_file: Path | None = None, **config: Any
+) -> AsyncIterator[Node]:
+    kubeconfig = server.kubeconfig(tmp / "kubeconfig", token_file)
     async with node(
         tmp,
         kubernetes_enabled=True,
@@ -349,13 +343,7 @@ def test_a_rotated_token_file_is_read_again_and_the_watch_goes_on(tmp_path: Path
         with KubeApiServer() as server:
             server.tokens = {"first"}
             server.put_pod("lsr", labels=LSR, annotations=alloc("2-3"))
-            kubeconfig = server.kubeconfig(tmp_path / "kubeconfig", token_file=token)
-            async with node(
-                tmp_path,
-                kubernetes_enabled=True,
-                kubernetes_node_name=server.node,
-                kubernetes_kubeconfig=str(kubeconfig),
-            ) as n:
+            async with api_node(tmp_path, server, token) as n:
                 api = await synced(n)
                 _, lsr = await n.run_pod("lsr", "guaranteed", LSR, alloc("2-3"))
 

@@ -4,7 +4,7 @@ and stop leaves nothing pending."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from loguru import logger
@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from cri_proxy.daemon.loop_metrics import SupervisorCollector
 from cri_proxy.daemon.supervisor import Backoff, Supervisor
+from tests.unit.relay_support import eventually as until
 
 FAST = Backoff(first=0.01, factor=2.0, most=0.05)
 SLOW = Backoff(first=3600.0)  # a failed task stays down for the whole test
@@ -25,14 +26,6 @@ def log() -> Iterator[list[str]]:
     )
     yield lines
     logger.remove(sink)
-
-
-async def _until(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def _metrics(supervisor: Supervisor) -> str:
@@ -53,7 +46,7 @@ def test_a_loop_that_raises_is_restarted_and_reported(log: list[str]) -> None:
     async def main() -> None:
         supervisor = Supervisor(FAST)
         supervisor.loop("flaky", flaky)
-        await _until(lambda: len(runs) == 3, "the third run")
+        await until(lambda: len(runs) == 3, "the third run")
         assert supervisor.health() == (True, "ok")
         [status] = supervisor.statuses()
         assert (status.name, status.up, status.restarts) == ("flaky", True, 2)
@@ -81,7 +74,7 @@ def test_a_failed_loop_is_down_in_health_and_metrics_until_its_restart(log: list
         supervisor = Supervisor(SLOW)
         supervisor.loop("steady", steady)
         supervisor.loop("checkpoint", broken)
-        await _until(lambda: bool(supervisor.down()), "the failure")
+        await until(lambda: bool(supervisor.down()), "the failure")
         ok, why = supervisor.health()
         assert not ok
         assert why.startswith("background checkpoint failed (OSError: disk gone), restart 1 in ")
@@ -104,7 +97,7 @@ def test_a_loop_that_returns_is_restarted_too(log: list[str]) -> None:
     async def main() -> None:
         supervisor = Supervisor(FAST)
         supervisor.loop("watch", quits)
-        await _until(lambda: len(runs) == 2, "the restart")
+        await until(lambda: len(runs) == 2, "the restart")
         assert supervisor.restarts() == {"watch": 1}
         await supervisor.stop()
 
@@ -125,15 +118,15 @@ def test_a_job_runs_until_it_completes_and_one_at_a_time(log: list[str]) -> None
     async def main() -> None:
         supervisor = Supervisor(FAST)
         supervisor.job("recovery", recovery)
-        await _until(lambda: len(runs) == 2, "the retry")
+        await until(lambda: len(runs) == 2, "the retry")
         supervisor.job("recovery", recovery)  # still running: not a second copy
         gate.set()
-        await _until(lambda: not supervisor.statuses(), "the job to finish")
+        await until(lambda: not supervisor.statuses(), "the job to finish")
         assert len(runs) == 2
         assert supervisor.restarts() == {"recovery": 1}
         assert supervisor.health() == (True, "ok")
         supervisor.job("recovery", recovery)  # done: may run again
-        await _until(lambda: len(runs) == 3, "the second run")
+        await until(lambda: len(runs) == 3, "the second run")
         await supervisor.stop()
 
     asyncio.run(main())
@@ -156,7 +149,7 @@ def test_stop_cancels_every_task_and_leaves_nothing_pending() -> None:
         for name in ("reconciler", "kubelet-file", "probe"):
             supervisor.loop(name, lambda name=name: forever(name))  # type: ignore[misc]
         supervisor.loop("failing", failing)  # asleep in its back-off when stopped
-        await _until(lambda: len(supervisor.down()) == 1, "the failure")
+        await until(lambda: len(supervisor.down()) == 1, "the failure")
         await supervisor.stop()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert others == []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc.aio
@@ -13,14 +12,7 @@ from cri_api.v1 import api_pb2 as v1
 from cri_api.v1 import api_pb2_grpc as v1_grpc
 from cri_proxy.state.model import ContainerState
 from tests.unit.enforce_support import QOS_LABEL, alloc, node
-from tests.unit.relay_support import run
-
-
-async def until(condition: Callable[[], bool], what: str, within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"not within {within} s: {what}"
-        await asyncio.sleep(0.02)
+from tests.unit.relay_support import eventually, run
 
 
 def test_created_and_exited_behind_the_proxys_back_within_a_period(tmp_path: Path) -> None:
@@ -47,8 +39,8 @@ def test_created_and_exited_behind_the_proxys_back_within_a_period(tmp_path: Pat
                     )
                 ).container_id
                 await direct.StartContainer(v1.StartContainerRequest(container_id=sneaky))
-                await until(lambda: n.proxy.state.container(sneaky) is not None, "adopted")
-                await until(lambda: n.cpuset(sneaky) == "2-15", "placed on the LS pool")
+                await eventually(lambda: n.proxy.state.container(sneaky) is not None, "adopted")
+                await eventually(lambda: n.cpuset(sneaky) == "2-15", "placed on the LS pool")
                 adopted = n.proxy.state.container(sneaky)
                 assert adopted is not None and adopted.linux_resources().cpu_shares == 2  # kept whole
                 await direct.StopContainer(v1.StopContainerRequest(container_id=ids["main"]))
@@ -57,9 +49,9 @@ def test_created_and_exited_behind_the_proxys_back_within_a_period(tmp_path: Pat
                     c = n.proxy.state.container(ids["main"])
                     return c is not None and c.state is ContainerState.EXITED
 
-                await until(exited, "seen exited")
+                await eventually(exited, "seen exited")
                 await direct.RemoveContainer(v1.RemoveContainerRequest(container_id=ids["main"]))
-                await until(lambda: n.proxy.state.container(ids["main"]) is None, "forgotten")
+                await eventually(lambda: n.proxy.state.container(ids["main"]) is None, "forgotten")
 
     run(main())
 
