@@ -72,19 +72,27 @@ class StalledDisk:
         """Put process `pid` (all its threads) in the throttled cgroup."""
         (self.cgroup / "cgroup.procs").write_text(str(pid))
 
-    def _limit(self, on: bool) -> None:
+    def _limit(self, writes: bool, reads: bool) -> None:
         rdev = os.stat(self.device).st_rdev
-        major, minor = os.major(rdev), os.minor(rdev)
+        device = f"{os.major(rdev)}:{os.minor(rdev)}"
         if self.v1:
-            (self.cgroup / "blkio.throttle.write_bps_device").write_text(f"{major}:{minor} {1 if on else 0}")
+            for name, on in (("write", writes), ("read", reads)):
+                (self.cgroup / f"blkio.throttle.{name}_bps_device").write_text(f"{device} {1 if on else 0}")
         else:
-            (self.cgroup / "io.max").write_text(f"{major}:{minor} wbps={1 if on else 'max'}")
+            limits = f"wbps={1 if writes else 'max'} rbps={1 if reads else 'max'}"
+            (self.cgroup / "io.max").write_text(f"{device} {limits}")
 
-    def stall(self) -> None:
-        self._limit(True)
+    def stall(self, reads: bool = False) -> None:
+        """Writes (and with `reads`, reads that miss the page cache: call `drop_caches()`) wait."""
+        self._limit(True, reads)
 
     def release(self) -> None:
-        self._limit(False)
+        self._limit(False, False)
+
+    def drop_caches(self) -> None:
+        """Written out and dropped from memory: the next read of any file here goes to the disk."""
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3")
 
     def __exit__(self, *exc: object) -> None:
         if self.cgroup.exists():

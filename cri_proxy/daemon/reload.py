@@ -7,7 +7,6 @@ Only then is the one settings object swapped, so a reload is applied entirely or
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import fields, replace
 
@@ -17,6 +16,7 @@ from cri_proxy.config import RELOADABLE, Config
 from cri_proxy.daemon.notify import notify
 from cri_proxy.errors import CriProxyError
 from cri_proxy.settings import Settings
+from cri_proxy.threads import in_daemon_thread
 
 
 def reloadable_part(running: Config, new: Config) -> tuple[Config, list[str]]:
@@ -52,7 +52,9 @@ class Reloader:
         notify("RELOADING=1")
         try:
             try:
-                new = await asyncio.to_thread(self.read)
+                new = await in_daemon_thread(
+                    self.read, name="reload"
+                )  # a stalled disk must not hold the exit
                 self.check(new)
             except CriProxyError as exc:
                 logger.error("reload refused, the running configuration stays: {}", exc)

@@ -3,15 +3,15 @@
 A cheap poll of (inode, size, mtime) instead of inotify: kubelet rewrites the file by rename, and
 a poll also sees a file that appears, disappears or is replaced while the proxy was down.
 
-The file is read in a worker thread, never on the event loop, and only when it is a regular file
-of at most `MAX_BYTES`: it is opened non-blocking and checked with fstat before a byte is read, so
-a FIFO, a device such as /dev/zero (also behind a symlink), a directory or a runaway file becomes
-a reported problem instead of a frozen or bloated proxy.
+The file is read in a daemon thread of its own, never on the event loop (a read from a disk that
+stopped answering waits in the kernel: it must not hold the proxy's exit), and only when it is a
+regular file of at most `MAX_BYTES`: it is opened non-blocking and checked with fstat before a
+byte is read, so a FIFO, a device such as /dev/zero (also behind a symlink), a directory or a
+runaway file becomes a reported problem instead of a frozen or bloated proxy.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,7 @@ from pathlib import Path
 from cri_proxy.cpu import KubeletState, Problem, ProblemKind, parse_kubelet_state_text
 from cri_proxy.errors import KubeletStateError
 from cri_proxy.files import read_small
+from cri_proxy.threads import in_daemon_thread
 
 MAX_BYTES = 1024 * 1024
 """1 MiB: a real file is a few KiB (a 256-CPU node with hundreds of pinned containers stays far below)."""
@@ -89,7 +90,8 @@ class KubeletStateFile:
 
     async def refresh(self) -> bool:
         """Re-read (in a worker thread) when the file changed; True when `state` or `problem` changed."""
-        return self.take(await asyncio.to_thread(load, self.path, self._seen))
+        seen = self._seen
+        return self.take(await in_daemon_thread(lambda: load(self.path, seen), name="kubelet-state"))
 
     def take(self, outcome: Outcome) -> bool:
         """Apply one poll's outcome; True when `state` or `problem` changed."""

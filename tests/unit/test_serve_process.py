@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -695,3 +696,40 @@ def test_a_stalled_disk_is_said_and_does_not_hold_the_stop(tmp_path: Path, fake:
             disk.release()
             code = stop(proc, 30)
         assert code == 0, log.read_text()[-2000:]
+
+
+@pytest.mark.skipif(bool(stalled_disk.available()), reason=stalled_disk.available() or "-")
+def test_a_read_that_never_returns_does_not_hold_the_exit(tmp_path: Path, fake: Path) -> None:
+    """The config file's disk stops answering reads, and a SIGHUP asks for it (the kubelet's state
+    file, read every second, is the same case): the read waits in the kernel. SIGTERM must still
+    end the process, the read abandoned. A read in the event loop's default executor held the
+    exit, which joins those threads, until the disk answered or systemd's kill."""
+    with stalled_disk.StalledDisk(tmp_path) as disk:
+        config = disk.mount / "config.toml"
+        config.write_text("log_level = 'INFO'\n")
+        log = tmp_path / "proxy.log"
+        proc, _ = start_proxy(tmp_path, fake, config=config, log=log)
+        try:
+            disk.enter(proc.pid)
+            disk.stall(reads=True)
+            disk.drop_caches()
+            proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: _has_a_thread_waiting_on_io(proc.pid), 20, "the reload's read waiting")
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(15)
+            except subprocess.TimeoutExpired:
+                code = None
+        finally:
+            disk.release()
+            stop(proc, 30)
+        assert code == 0, log.read_text()[-2000:]
+
+
+def _has_a_thread_waiting_on_io(pid: int) -> bool:
+    """A thread of `pid` asleep in the kernel waiting for a disk (state D)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
+                return True
+    return False
