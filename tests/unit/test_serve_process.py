@@ -727,9 +727,19 @@ def test_a_read_that_never_returns_does_not_hold_the_exit(tmp_path: Path, fake: 
 
 
 def _has_a_thread_waiting_on_io(pid: int) -> bool:
-    """A thread of `pid` asleep in the kernel waiting for a disk (state D)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
-                return True
-    return False
+    """A thread of `pid` asleep in the kernel waiting for a disk (state D), and still 0.3 s later
+    (not a passing page fault)."""
+
+    def waiting() -> set[str]:
+        found = set()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "D":
+                    found.add(task.name)
+        return found
+
+    first = waiting()
+    if not first:
+        return False
+    time.sleep(0.3)
+    return bool(first & waiting())
