@@ -149,8 +149,10 @@ def write_put_off() -> None:
 
 LIBRARY_LEVELS = {"": logging.WARNING, "urllib3": logging.ERROR}
 """What the libraries that log through `logging` may say. urllib3's warnings are the retries and
-pool misses of the Kubernetes client, which the proxy says itself once, in its own words; without
-a handler they went to stderr as bare text, every retry, past the writer that never blocks."""
+pool misses of the Kubernetes client, which the proxy says itself once, in its own words. Without
+a handler of the proxy's, they were dropped until something installed `logging`'s default one (the
+kubernetes client's first error does), then went to stderr as bare text, past the writer that
+never blocks, every retry."""
 
 
 class _ToLoguru(logging.Handler):
@@ -164,16 +166,19 @@ class _ToLoguru(logging.Handler):
         self.last: dict[str, str] = {}  # logger name -> its last message
 
     def emit(self, record: logging.LogRecord) -> None:
-        name = record.module if record.name == "root" else record.name
-        message = record.getMessage()
-        level: str | int = "DEBUG"
-        if self.last.get(name) != message:
-            self.last[name] = message
-            try:
-                level = logger.level(record.levelname).name
-            except ValueError:
-                level = record.levelno
-        logger.opt(exception=record.exc_info or None).log(level, "{}: {}", name, message)
+        try:
+            name = record.module if record.name == "root" else record.name
+            message = record.getMessage()
+            level: str | int = "DEBUG"
+            if self.last.get(name) != message:
+                self.last[name] = message
+                try:
+                    level = logger.level(record.levelname).name
+                except ValueError:
+                    level = record.levelno
+            logger.opt(exception=record.exc_info or None).log(level, "{}: {}", name, message)
+        except Exception:  # as every logging handler: a bad record must not fail the library's call
+            self.handleError(record)
 
 
 def _route_library_logs() -> None:

@@ -52,9 +52,8 @@ class Reloader:
         notify("RELOADING=1")
         try:
             try:
-                new = await in_daemon_thread(
-                    self.read, name="reload"
-                )  # a stalled disk must not hold the exit
+                # a daemon thread: a read from a disk that stopped answering must not hold the exit
+                new = await in_daemon_thread(self.read, name="reload")
                 self.check(new)
             except CriProxyError as exc:
                 logger.error("reload refused, the running configuration stays: {}", exc)

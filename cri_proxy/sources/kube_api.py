@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from loguru import logger
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never, wait_exponential
@@ -40,8 +40,6 @@ from cri_proxy.cpu import Problem, ProblemKind
 from cri_proxy.files import read_small
 from cri_proxy.state.model import NodeState
 from cri_proxy.threads import in_daemon_thread
-
-T = TypeVar("T")
 
 CONNECT_TIMEOUT = 5.0
 LIST_TIMEOUT = 60.0

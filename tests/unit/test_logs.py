@@ -103,3 +103,15 @@ def test_library_lines_are_the_proxys_own_lines_and_urllib3_retries_are_left_to_
     ]
     setup_logging("INFO")  # again (a reload): still one route, not two
     assert sum(type(h).__name__ == "_ToLoguru" for h in logging.getLogger().handlers) == 1
+
+
+def test_a_library_record_that_does_not_format_fails_no_call(
+    restored: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library's bad format string goes to `logging`'s own error path, as with every handler,
+    instead of raising into the library's call (a grpcio or urllib3 thread)."""
+    setup_logging("INFO")
+    monkeypatch.setattr(logging, "raiseExceptions", False)
+    (route,) = [h for h in logging.getLogger().handlers if type(h).__name__ == "_ToLoguru"]
+    record = logging.LogRecord("some.lib", logging.WARNING, __file__, 1, "bad %d format", ("x",), None)
+    route.handle(record)  # no TypeError
