@@ -22,6 +22,10 @@ class ProblemKind(StrEnum):
     BAD_TEXT = "bad-text"
     """Only from the live proxy: a pod's label or annotation the runtime holds is not valid UTF-8
     (read with replacement characters)."""
+    API_WRONG_NODE = "api-wrong-node"
+    """Only from the live proxy (its Kubernetes API watch): none of the pods the runtime runs is
+    bound to the watched node in the API, so `[kubernetes] node_name` is not the kubelet's node
+    name (its --hostname-override) and the watch follows nothing."""
     CPUS_LEFT_OUT = "cpus-left-out"
     """Only from the live proxy, under cgroup v1: online CPUs that the cgroups above the pods do not
     hold (the kernel took them out when they went offline); pods are given the others."""

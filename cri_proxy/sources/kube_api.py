@@ -14,7 +14,9 @@ The protocol, as client-go's reflector does it:
 - 410 Gone (an ERROR event with code 410, or the watch request answered 410): list again (from
   the third 410 in a row, spaced out with back-off: each list is still the truth, so no problem);
 - anything else (refused, time-out, 5xx, 403, bad config): `problem` is `api-unreachable`, the
-  proxy goes on with CRI data alone (and the API views it already had), retrying with back-off.
+  proxy goes on with CRI data alone (and the API views it already had), retrying with back-off;
+- none of the pods the runtime runs bound to the node in the API (checked after each list and
+  each watch's normal end): `problem` is `api-wrong-node`, as the node name is not the kubelet's.
 
 Only the QoS label and the allocation annotations are read, matched to sandboxes by pod uid
 (`NodeState.set_api_view`; the precedence rule is in `cri_proxy.state.model`). DELETED forgets.
@@ -167,7 +169,8 @@ class KubeApiWatcher:
         self.backoff = backoff
         self.backoff_max = backoff_max
         self.watch_seconds = watch_seconds
-        self.problem: Problem | None = None
+        self._unreachable: Problem | None = None
+        self._wrong_node: Problem | None = None
         self.resource_version = ""
         self.lists = 0  # successful lists
         self.watches = 0  # watch requests answered 200
@@ -228,11 +231,38 @@ class KubeApiWatcher:
         else:
             logger.debug("Kubernetes API still unreachable: {} (next try in {:.1f} s)", reason, delay)
 
+    @property
+    def problem(self) -> Problem | None:
+        """`api-unreachable` while the API does not answer, else `api-wrong-node` while none of the
+        runtime's pods is bound to the watched node there."""
+        return self._unreachable or self._wrong_node
+
     def _set_problem(self, problem: Problem | None) -> None:
-        if problem != self.problem:
-            if problem is None and self.problem is not None:
+        if problem != self._unreachable:
+            if problem is None and self._unreachable is not None:
                 logger.info("Kubernetes API {} answers again", self._host())
-            self.problem = problem
+            self._unreachable = problem
+            self.on_change()
+
+    def _check_node(self) -> None:
+        """The API binds some of the pods the runtime runs to this node, or the node name is wrong
+        (kubelet's --hostname-override, a cloud's node name that is not the host name): then the
+        watch follows nothing, and says so instead of looking healthy."""
+        running = {p.uid for p in self.state.pods() if p.ready and p.uid}
+        wrong = None
+        if running and not running & self.state.api_views().keys():
+            wrong = Problem(
+                None,
+                ProblemKind.API_WRONG_NODE,
+                f"none of the pods the runtime runs is bound to node {self.node_name} in the Kubernetes "
+                "API: is [kubernetes] node_name the kubelet's node name (its --hostname-override)?",
+            )
+        if wrong != self._wrong_node:
+            if wrong is not None:
+                logger.warning("{}", wrong.message)
+            else:
+                logger.info("Kubernetes API: this node's pods are bound to node {}", self.node_name)
+            self._wrong_node = wrong
             self.on_change()
 
     def _host(self) -> str:
@@ -311,6 +341,7 @@ class KubeApiWatcher:
             "Kubernetes API: {} pods on node {} at resourceVersion {}", len(listed), self.node_name, rv
         )
         self._set_problem(None)
+        self._check_node()
         if changed:
             self.on_change()
 
@@ -401,6 +432,7 @@ class KubeApiWatcher:
                         raise ApiError("the watch ended at once")
                     else:
                         self._progress()  # the server's time-out: this resourceVersion held
+                        self._check_node()  # pods the runtime started since the list
                     return
                 if line.strip():
                     self._event(line)

@@ -23,8 +23,9 @@ from typing import Any
 from loguru import logger
 
 COMPONENT = "cri-proxy"
-SKIPPED_KINDS = frozenset({"api-unreachable", "cpuset-drift", "dry-run"})
-"""Not posted: the API is what failed, drift is being repaired, dry-run is the operator's choice."""
+SKIPPED_KINDS = frozenset({"api-unreachable", "api-wrong-node", "cpuset-drift", "dry-run"})
+"""Not posted: the API is what failed (or its Node is not this one), drift is being repaired,
+dry-run is the operator's choice."""
 
 
 def reason(kind: str) -> str:

@@ -296,6 +296,48 @@ def test_a_bad_annotation_from_the_api_is_a_problem_not_a_crash(tmp_path: Path) 
     run(main())
 
 
+def test_a_node_name_that_is_not_the_kubelets_is_a_problem_not_a_quiet_watch(tmp_path: Path) -> None:
+    """`[kubernetes] node_name` (or the host name) that is not the kubelet's node name (its
+    --hostname-override, a cloud's node name): the API binds none of the runtime's pods to it, and
+    the watch followed nothing while looking healthy. Now `api-wrong-node`, after each list and
+    each watch's normal end (pods started since the list), gone once the API binds one of them."""
+
+    def running(uid: str) -> PodRecord:
+        return PodRecord(f"s-{uid}", uid, uid, "default", f"/kubepods/pod{uid}", LSR, alloc("2-3"))
+
+    async def follow(state: NodeState, server: KubeApiServer, node: str) -> KubeApiWatcher:
+        kubeconfig = server.kubeconfig(tmp_path / f"kubeconfig-{node}")
+        api = KubeApiWatcher(state, node, str(kubeconfig), backoff=0.01, watch_seconds=1)
+        tasks.append(asyncio.ensure_future(api.run()))
+        await eventually(lambda: api.lists >= 1, f"{node} listed")
+        return api
+
+    tasks: list[asyncio.Future[None]] = []
+
+    async def main() -> None:
+        with KubeApiServer(node="node-1.example.internal") as server:
+            server.put_pod("lsr", "uid-lsr", LSR, alloc("2-3"))
+            state = NodeState()
+            state.put_pod(running("uid-lsr"))
+            try:
+                wrong = await follow(state, server, "node-1")  # the host name; the kubelet's is longer
+                assert wrong.problem is not None and str(wrong.problem.kind) == "api-wrong-node"
+                assert "node_name" in wrong.problem.message and "node-1 " in wrong.problem.message
+                right = await follow(NodeState(), server, server.node)  # a fresh node: no pods yet
+                assert right.problem is None
+                right.state.put_pod(running("uid-late"))  # started after the list, not in the API
+                await eventually(lambda: right.problem is not None, "said at the watch's end")
+                server.put_pod("late", "uid-late", LSR, alloc("4-5"))
+                await eventually(lambda: right.problem is None, "gone once the API binds it")
+            finally:
+                for task in tasks:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    run(main())
+
+
 def test_no_usable_kubeconfig_is_reported_and_retried_and_stopping_is_prompt(tmp_path: Path) -> None:
     async def main() -> None:
         changes: list[int] = []
