@@ -79,6 +79,7 @@ class Proxy:
                 config.kubernetes_node_name,
                 config.kubernetes_kubeconfig,
                 on_change=self._facts_changed,
+                pods_current=lambda: self.recovered.is_set(),
             )
             if config.kubernetes_enabled
             else None

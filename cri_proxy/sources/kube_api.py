@@ -161,8 +161,10 @@ class KubeApiWatcher:
         backoff: float = 0.25,
         backoff_max: float = 30.0,
         watch_seconds: int = 300,
+        pods_current: Callable[[], bool] = lambda: True,
     ) -> None:
         self.state = state
+        self.pods_current = pods_current  # the state holds the runtime's pods (not a stale checkpoint's)
         self.node_name = node_name or default_node_name()
         self.kubeconfig = kubeconfig
         self.on_change = on_change or (lambda: None)
@@ -248,6 +250,8 @@ class KubeApiWatcher:
         """The API binds some of the pods the runtime runs to this node, or the node name is wrong
         (kubelet's --hostname-override, a cloud's node name that is not the host name): then the
         watch follows nothing, and says so instead of looking healthy."""
+        if not self.pods_current():
+            return  # a checkpoint's pods, from before an outage, may all be gone from the API
         running = {p.uid for p in self.state.pods() if p.ready and p.uid}
         wrong = None
         if running and not running & self.state.api_views().keys():

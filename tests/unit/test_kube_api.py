@@ -305,9 +305,13 @@ def test_a_node_name_that_is_not_the_kubelets_is_a_problem_not_a_quiet_watch(tmp
     def running(uid: str) -> PodRecord:
         return PodRecord(f"s-{uid}", uid, uid, "default", f"/kubepods/pod{uid}", LSR, alloc("2-3"))
 
+    recovered = [False]
+
     async def follow(state: NodeState, server: KubeApiServer, node: str) -> KubeApiWatcher:
         kubeconfig = server.kubeconfig(tmp_path / f"kubeconfig-{node}")
-        api = KubeApiWatcher(state, node, str(kubeconfig), backoff=0.01, watch_seconds=1)
+        api = KubeApiWatcher(
+            state, node, str(kubeconfig), backoff=0.01, watch_seconds=1, pods_current=lambda: recovered[0]
+        )
         tasks.append(asyncio.ensure_future(api.run()))
         await eventually(lambda: api.lists >= 1, f"{node} listed")
         return api
@@ -321,6 +325,9 @@ def test_a_node_name_that_is_not_the_kubelets_is_a_problem_not_a_quiet_watch(tmp
             state.put_pod(running("uid-lsr"))
             try:
                 wrong = await follow(state, server, "node-1")  # the host name; the kubelet's is longer
+                assert wrong.problem is None  # the pods may be a stale checkpoint's: not yet
+                recovered[0] = True  # the runtime's pods now: said at the watch's end
+                await eventually(lambda: wrong.problem is not None, "api-wrong-node")
                 assert wrong.problem is not None and str(wrong.problem.kind) == "api-wrong-node"
                 assert "node_name" in wrong.problem.message and "node-1 " in wrong.problem.message
                 right = await follow(NodeState(), server, server.node)  # a fresh node: no pods yet
