@@ -47,6 +47,9 @@ CONNECT_TIMEOUT = 5.0
 LIST_TIMEOUT = 60.0
 LIST_PAGE = 500
 GONE_STREAK = 3
+CONFIG_SOURCE = "kubernetes.io/config.source"
+"""The kubelet's annotation on a pod (and its sandbox): "file" or "http" for a static pod, whose
+mirror in the API has a uid of its own, so it never matches the runtime's."""
 """410s in a row from which the lists are spaced out with back-off."""
 MAX_KUBECONFIG_BYTES = 16 * 1024 * 1024  # a kubeconfig with inline certificates is kilobytes
 
@@ -252,7 +255,11 @@ class KubeApiWatcher:
         watch follows nothing, and says so instead of looking healthy."""
         if not self.pods_current():
             return  # a checkpoint's pods, from before an outage, may all be gone from the API
-        running = {p.uid for p in self.state.pods() if p.ready and p.uid}
+        running = {
+            p.uid
+            for p in self.state.pods()
+            if p.ready and p.uid and p.annotations.get(CONFIG_SOURCE, "api") == "api"
+        }
         wrong = None
         if running and not running & self.state.api_views().keys():
             wrong = Problem(

@@ -11,6 +11,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -330,7 +331,10 @@ def test_a_node_name_that_is_not_the_kubelets_is_a_problem_not_a_quiet_watch(tmp
                 await eventually(lambda: wrong.problem is not None, "api-wrong-node")
                 assert wrong.problem is not None and str(wrong.problem.kind) == "api-wrong-node"
                 assert "node_name" in wrong.problem.message and "node-1 " in wrong.problem.message
-                right = await follow(NodeState(), server, server.node)  # a fresh node: no pods yet
+                static = replace(running("uid-etcd"), annotations={"kubernetes.io/config.source": "file"})
+                fresh = NodeState()  # a fresh control-plane node: its static pods alone so far
+                fresh.put_pod(static)  # whose mirror pods in the API have uids of their own
+                right = await follow(fresh, server, server.node)
                 assert right.problem is None
                 right.state.put_pod(running("uid-late"))  # started after the list, not in the API
                 await eventually(lambda: right.problem is not None, "said at the watch's end")
