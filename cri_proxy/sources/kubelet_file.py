@@ -89,7 +89,7 @@ class KubeletStateFile:
         self._seen: Signature | None = None
 
     async def refresh(self) -> bool:
-        """Re-read (in a worker thread) when the file changed; True when `state` or `problem` changed."""
+        """Re-read (in a daemon thread) when the file changed; True when `state` or `problem` changed."""
         seen = self._seen
         return self.take(await in_daemon_thread(lambda: load(self.path, seen), name="kubelet-state"))
 
