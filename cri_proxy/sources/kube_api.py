@@ -410,6 +410,8 @@ class KubeApiWatcher:
         self.watches += 1
         self._set_problem(None)
         began, handled = time.monotonic(), 0
+        # "at once": well before the time-out asked, which the server counts from before `began`
+        at_once = min(1.0, self.watch_seconds / 2)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str | None, BaseException | None]] = asyncio.Queue()
 
@@ -432,14 +434,14 @@ class KubeApiWatcher:
                 line, error = await queue.get()
                 if line is None:
                     if error is not None:
-                        if handled == 0 and time.monotonic() - began < 1.0:
+                        if handled == 0 and time.monotonic() - began < at_once:
                             raise error
                         logger.info(
                             "watch connection dropped ({}); resuming from resourceVersion {}",
                             describe(error),
                             self.resource_version,
                         )
-                    elif handled == 0 and time.monotonic() - began < 1.0:
+                    elif handled == 0 and time.monotonic() - began < at_once:
                         raise ApiError("the watch ended at once")
                     else:
                         self._progress()  # the server's time-out: this resourceVersion held
