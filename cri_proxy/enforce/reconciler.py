@@ -87,6 +87,7 @@ class Reconciler:
         settings: Callable[[], Config],
         *,
         attempts: int = 4,
+        retry_wait: float = 0.1,
         read_actual: ReadActual | None = None,
         sync: Sync | None = None,
     ) -> None:
@@ -95,6 +96,7 @@ class Reconciler:
         self.send = send
         self.settings = settings  # concurrency, period, dry-run: read when used, a reload swaps them
         self.attempts = attempts
+        self.retry_wait = retry_wait  # the first retry's wait, doubling up to 2 s
         self.read_actual = read_actual
         self.sync = sync
         self.totals = Totals()
@@ -379,7 +381,7 @@ class Reconciler:
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential(multiplier=0.1, max=2.0),
+                wait=wait_exponential(multiplier=self.retry_wait, max=2.0),
                 retry=retry_if_exception(_transient),
                 reraise=True,
             ):

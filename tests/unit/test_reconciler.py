@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
@@ -384,5 +387,161 @@ def test_a_start_after_an_update_the_reconciler_sent_is_checked() -> None:
         r.verify_started("c0")
         await r.checks_done()
         assert r.totals.repaired == 1
+
+    run(main())
+
+
+class Runtime:
+    """The runtime side for the property test: each container's cgroup cpuset, and how the next
+    updates end (ok, a transient or permanent error, or OK with the cgroup left as it was)."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.sets: dict[str, str] = {}
+        self.fault = "ok"
+        self.concurrency = concurrency
+        self.in_flight: dict[str, int] = {}
+
+    async def send(self, c: ContainerRecord, linux: bytes) -> None:
+        sent = v1.LinuxContainerResources.FromString(linux)
+        assert (sent.cpu_shares, sent.cpu_quota, sent.memory_limit_in_bytes) == (512, 20000, 1 << 30)
+        self.in_flight[c.id] = self.in_flight.get(c.id, 0) + 1
+        assert self.in_flight[c.id] == 1, f"two updates to {c.id} at once"
+        assert sum(self.in_flight.values()) <= self.concurrency, "more updates at once than allowed"
+        try:
+            await asyncio.sleep(0)
+            if c.id not in self.sets:
+                raise rpc_error(grpc.StatusCode.NOT_FOUND)
+            if self.fault == "transient":
+                raise rpc_error(grpc.StatusCode.UNAVAILABLE)
+            if self.fault == "permanent":
+                raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT)
+            if self.fault != "drop":
+                self.sets[c.id] = sent.cpuset_cpus
+        finally:
+            self.in_flight[c.id] -= 1
+
+    async def read(self, c: ContainerRecord, status_too: bool) -> Reading | None:
+        await asyncio.sleep(0)
+        if c.id not in self.sets:
+            raise rpc_error(grpc.StatusCode.NOT_FOUND)
+        return Reading(self.sets[c.id], ACTUAL_CGROUP)
+
+
+STEP = st.one_of(
+    st.tuples(st.just("add"), st.sampled_from([ContainerState.RUNNING, ContainerState.CREATED])),
+    st.tuples(st.just("lsr"), st.sampled_from(["0-1", "2-3", "0-3", "8-9", None])),
+    st.tuples(st.sampled_from(["start", "vanish", "remove", "unpin"]), st.integers(0, 7)),
+    st.tuples(st.sampled_from(["drift", "pin"]), st.integers(0, 7), st.sampled_from(["0-15", "4-5", "10"])),
+    st.tuples(st.just("fault"), st.sampled_from(["ok", "transient", "permanent", "drop"])),
+    st.tuples(st.just("request"), st.booleans()),
+    st.tuples(st.just("yield"), st.integers(1, 20)),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(STEP, min_size=1, max_size=40), st.integers(1, 3))
+def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
+    steps: list[tuple[Any, ...]], concurrency: int
+) -> None:
+    """Containers come, start, vanish behind the proxy's back or are removed; the share pool moves;
+    an operator pins; cgroups drift; updates fail (transient, permanent) or are dropped, in any
+    interleaving with the passes the reconciler runs. Never two updates to a container at once,
+    never more than the concurrency allowed, always the full resources. Once the runtime behaves,
+    one pass asked with a refresh leaves every container the runtime has as decided (cgroup and
+    `applied` alike), and none it lacks in the state."""
+
+    async def main() -> None:
+        state = node_with(2)
+        runtime = Runtime(concurrency)
+        runtime.sets.update({"c0": "0-15", "c1": "0-15"})
+        r = reconciler(
+            state, runtime.send, concurrency=concurrency, period=0, retry_wait=0.001, read_actual=runtime.read
+        )
+        task = asyncio.ensure_future(r.run())
+        made = 2
+        tampered: set[str] = set()  # cgroups written behind the proxy's back: only a refresh sees them
+        try:
+            for step in steps:
+                op, *args = step
+                ids = sorted(c.id for c in state.containers())
+                pick = (
+                    ids[args[0] % len(ids)] if ids and op in ("start", "vanish", "remove", "unpin") else None
+                )
+                if op == "add":
+                    cid, sid = f"c{made}", f"s{made}"
+                    made += 1
+                    state.put_pod(
+                        PodRecord(sid, f"u{cid}", f"ls-{cid}", "default", f"/kubepods/burstable/pod{cid}")
+                    )
+                    state.put_container(
+                        ContainerRecord(cid, sid, "main", FULL.SerializeToString(), args[0], "0-15")
+                    )
+                    runtime.sets[cid] = "0-15"
+                elif op == "lsr":
+                    if args[0] is None:
+                        state.remove_pod("s-lsr")
+                    else:
+                        status = json.dumps({"cpuset": args[0]})
+                        state.put_pod(
+                            PodRecord(
+                                "s-lsr",
+                                "u-lsr",
+                                "lsr",
+                                "default",
+                                "/kubepods/podu-lsr",
+                                labels={"koordinator.sh/qosClass": "LSR"},
+                                annotations={"scheduling.koordinator.sh/resource-status": status},
+                            )
+                        )
+                elif op == "start" and pick is not None:
+                    state.update_container(pick, state=ContainerState.RUNNING)
+                    r.verify_started(pick)
+                elif op == "vanish" and pick is not None:
+                    runtime.sets.pop(pick, None)  # removed behind the proxy's back
+                elif op == "remove" and pick is not None:
+                    runtime.sets.pop(pick, None)
+                    state.remove_container(pick)
+                elif op == "unpin" and pick is not None:
+                    r.policy.unpin(pick)
+                elif op in ("drift", "pin") and ids:
+                    cid = ids[args[0] % len(ids)]
+                    if op == "pin":
+                        r.policy.pin(cid, CPUSet.parse(args[1]))
+                        r.request()
+                    elif cid in runtime.sets:
+                        runtime.sets[cid] = args[1]
+                        tampered.add(cid)
+                elif op == "fault":
+                    runtime.fault = args[0]
+                elif op == "request":
+                    r.request(refresh=args[0])
+                elif op == "yield":
+                    for _ in range(args[0]):
+                        await asyncio.sleep(0)
+            runtime.fault = "ok"
+            await r.checks_done()  # the start checks: a drift they find asks for a pass
+            assert await r.wait_for(r.request(), 10)
+            plan = r.policy.plan()
+            for c in state.containers():  # a pass without a refresh: what the proxy knows, as decided
+                decision = plan.containers.get(c.id)
+                if decision is None or decision.cpuset is None or decision.qos is None:
+                    continue
+                if c.id in runtime.sets:
+                    assert c.applied == str(decision.cpuset), c.id
+                if c.id in runtime.sets and c.id not in tampered:  # a dropped update was found and sent again
+                    assert runtime.sets[c.id] == c.applied, c.id
+            assert await r.wait_for(r.request(refresh=True), 10)
+            plan = r.policy.plan()
+            for c in state.containers():
+                assert c.id in runtime.sets, f"{c.id} is gone from the runtime but not from the state"
+                decision = plan.containers.get(c.id)
+                if decision is None or decision.cpuset is None or decision.qos is None:
+                    continue
+                want = str(decision.cpuset)
+                assert (runtime.sets[c.id], c.applied) == (want, want), c.id
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     run(main())
