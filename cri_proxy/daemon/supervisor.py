@@ -54,6 +54,12 @@ class _Entry:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def _cancelled_from_outside() -> bool:
+    """The running task was asked to stop (its `cancel()`), not merely handed a CancelledError."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 class Supervisor:
     """Runs named loops and jobs; `stop()` cancels them all and waits for each."""
 
@@ -90,13 +96,19 @@ class Supervisor:
         while True:
             started = time.monotonic()
             status.up, status.retry_at = True, None
+            failed: BaseException | None
             try:
                 await work()
-            except asyncio.CancelledError:
-                raise
+            except asyncio.CancelledError as exc:
+                if _cancelled_from_outside():
+                    raise
+                # not this task's cancel: a call cancelled under it (grpc.aio raises CancelledError
+                # in the caller when its channel is closed), which would end the task unseen
+                status.last_error = "CancelledError: cancelled from within (not stopped)"
+                failed = exc
             except Exception as exc:  # anything: a bug in a loop must not end the loop for good
                 status.last_error = f"{type(exc).__name__}: {exc}"
-                failed: BaseException | None = exc
+                failed = exc
             else:
                 if not status.loop:
                     entry.done.set()
