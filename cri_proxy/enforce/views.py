@@ -31,10 +31,13 @@ class Inputs:
     reserved: CPUSet
 
 
-def _mark(decided: str | None, actual: str | None, state: str, dry_run: bool) -> str:
-    if state not in LIVE or decided is None or actual is None or actual == decided:
+def _mark(decided: str | None, actual: str | None, state: str, i: Inputs) -> str:
+    if state not in LIVE or decided is None or actual is None:
         return ""
-    return DRY_RUN if dry_run else DRIFT
+    everywhere = str(i.online)  # "" is no cpuset set: every online CPU, as the reconciler takes it
+    if (actual or everywhere) == (decided or everywhere):
+        return ""
+    return DRY_RUN if i.dry_run else DRIFT
 
 
 def container_rows(i: Inputs) -> list[dict[str, Any]]:
@@ -49,7 +52,7 @@ def container_rows(i: Inputs) -> list[dict[str, Any]]:
         state = seen.state if seen is not None else str(c.state)
         decided = str(d.cpuset) if d is not None and d.cpuset is not None else None
         actual = seen.actual if seen is not None else None
-        mark = _mark(decided, actual, state, i.dry_run)
+        mark = _mark(decided, actual, state, i)
         if i.seen is not None and seen is None and c.state.value != "pending":
             mark = GONE
         rows.append(
@@ -98,13 +101,16 @@ def _label(row: Mapping[str, Any]) -> str:
     return f"{row['pod'] or '?'} {row['container']}"
 
 
-def _on(row: Mapping[str, Any]) -> CPUSet:
-    """The CPUs a container is on: what it really has, else what the proxy last applied."""
+def _on(row: Mapping[str, Any], online: CPUSet) -> CPUSet:
+    """The CPUs a container is on: what it really has, else what the proxy last applied; no
+    cpuset set ("") is every online CPU."""
     if row["state"] not in LIVE:
         return CPUSet()
     text = row["actual"] if row["actual"] is not None else row["applied"]
-    if not text:
+    if text is None:
         return CPUSet()
+    if not text:
+        return online
     try:
         return CPUSet.parse(text)
     except ValueError:
@@ -159,7 +165,7 @@ def pools_of(cpu: int, i: Inputs) -> list[str]:
 def cpu_rows(i: Inputs, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per online (or reserved) CPU: pools, exclusive holders, containers on it, conflicts."""
     all_claims = claims(i)
-    on = [(r, _on(r)) for r in rows]
+    on = [(r, _on(r, i.online)) for r in rows]
     out = []
     for cpu in i.online | i.reserved:
         holders = [c for c in all_claims if cpu in c.cpus]
@@ -193,7 +199,7 @@ def exclusivity_problems(i: Inputs, rows: list[dict[str, Any]]) -> list[dict[str
         others = []
         overlap = CPUSet()
         for r in rows:
-            shared = _on(r) & claim.cpus
+            shared = _on(r, i.online) & claim.cpus
             if shared and _intrudes(r, claim):
                 others.append(f"{_label(r)} ({shared})")
                 overlap |= shared
@@ -232,9 +238,9 @@ def problem_rows(i: Inputs, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             item["holders"] = list(p.holders)
         if str(p.kind) == "pool-exhausted":
             overlapping = [
-                f"{_label(r)} ({_on(r) & exclusive})"
+                f"{_label(r)} ({_on(r, i.online) & exclusive})"
                 for r in by_pod.get(p.pod or "", ())
-                if _on(r) & exclusive
+                if _on(r, i.online) & exclusive
             ]
             if overlapping:
                 item["overlapping"] = overlapping

@@ -136,6 +136,34 @@ def test_updates_are_honest(tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_container_with_no_cpuset_is_on_every_cpu_in_the_views(tmp_path: Path) -> None:
+    """No cpuset set ("" in its status: a container from before the proxy, or reset behind its
+    back) means every online CPU, as the reconciler takes it. The views took it as on no CPU: a
+    container on an LSR pod's CPUs hid from the per-CPU view and from `exclusive-overlap`, and one
+    on every CPU as decided was marked DRIFT."""
+
+    async def main() -> None:
+        async with node(tmp_path, reconcile_period_seconds=3600) as n:
+            _, ls = await n.run_pod("ls", "burstable")
+            n.fake.store.containers[ls["main"]].resources.cpuset_cpus = ""
+            row = next(r for r in await n.introspect("Cpusets") if r["id"] == ls["main"])
+            assert (row["decided"], row["actual"], row["mark"]) == ("0-15", "", "")
+            await n.run_pod("lsr", "guaranteed", {QOS_LABEL: "LSR"}, alloc("2-3"))
+            await n.settle()
+            assert n.cpuset(ls["main"]) == "0-1,4-15"
+            n.fake.store.containers[ls["main"]].resources.cpuset_cpus = ""  # reset behind its back
+            row = next(r for r in await n.introspect("Cpusets") if r["id"] == ls["main"])
+            assert (row["decided"], row["actual"], row["mark"]) == ("0-1,4-15", "", "DRIFT")
+            cpus = {r["cpu"]: r for r in (await n.introspect("Cpus"))["cpus"]}
+            assert "default/ls main" in cpus[2]["containers"] and "default/ls main" in cpus[9]["containers"]
+            assert cpus[2]["conflicts"] == ["default/ls main is on LSR default/lsr's CPU"]
+            problems = (await n.introspect("Problems"))["problems"]
+            (overlap,) = [p for p in problems if p["kind"] == "exclusive-overlap"]
+            assert overlap["pod"] == "default/lsr" and overlap["others"] == ["default/ls main (2-3)"]
+
+    run(main())
+
+
 def test_rows_mark_gone_and_untracked_and_a_runtime_that_cannot_be_listed() -> None:
     from cri_proxy.cpu import CPUSet, NodeInputs, Topology, decide
     from cri_proxy.enforce import views
