@@ -43,18 +43,21 @@ def node_with(ls_containers: int, lsr_cpus: str | None = "0-1") -> NodeState:
             )
         )
     if lsr_cpus is not None:
-        state.put_pod(
-            PodRecord(
-                "s-lsr",
-                "u-lsr",
-                "lsr",
-                "default",
-                "/kubepods/podu-lsr",
-                labels={"koordinator.sh/qosClass": "LSR"},
-                annotations={"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": lsr_cpus})},
-            )
-        )
+        state.put_pod(lsr_pod(lsr_cpus))
     return state
+
+
+def lsr_pod(cpus: str) -> PodRecord:
+    """The LSR pod `s-lsr`, allocated `cpus`."""
+    return PodRecord(
+        "s-lsr",
+        "u-lsr",
+        "lsr",
+        "default",
+        "/kubepods/podu-lsr",
+        labels={"koordinator.sh/qosClass": "LSR"},
+        annotations={"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": cpus})},
+    )
 
 
 SETTING = {"concurrency": "reconcile_concurrency", "period": "reconcile_period_seconds", "dry_run": "dry_run"}
@@ -481,18 +484,7 @@ def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
                     if args[0] is None:
                         state.remove_pod("s-lsr")
                     else:
-                        status = json.dumps({"cpuset": args[0]})
-                        state.put_pod(
-                            PodRecord(
-                                "s-lsr",
-                                "u-lsr",
-                                "lsr",
-                                "default",
-                                "/kubepods/podu-lsr",
-                                labels={"koordinator.sh/qosClass": "LSR"},
-                                annotations={"scheduling.koordinator.sh/resource-status": status},
-                            )
-                        )
+                        state.put_pod(lsr_pod(args[0]))
                 elif op == "start" and pick is not None:
                     state.update_container(pick, state=ContainerState.RUNNING)
                     r.verify_started(pick)
