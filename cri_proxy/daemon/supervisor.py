@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
+from cri_proxy.cancels import cancelled_from_outside
+
 Work = Callable[[], Awaitable[None]]
 
 
@@ -52,12 +54,6 @@ class _Entry:
     task: asyncio.Task[None] | None = None
     failures: int = 0  # in a row, for the back-off
     done: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-def _cancelled_from_outside() -> bool:
-    """The running task was asked to stop (its `cancel()`), not merely handed a CancelledError."""
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
 
 
 class Supervisor:
@@ -100,7 +96,7 @@ class Supervisor:
             try:
                 await work()
             except asyncio.CancelledError as exc:
-                if _cancelled_from_outside():
+                if cancelled_from_outside():
                     raise
                 # not this task's cancel: a call cancelled under it (grpc.aio raises CancelledError
                 # in the caller when its channel is closed), which would end the task unseen

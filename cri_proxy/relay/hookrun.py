@@ -7,6 +7,7 @@ shown to the caller. Every hook run is timed and counted here, and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from loguru import logger
 
+from cri_proxy.cancels import cancelled_from_outside, why
 from cri_proxy.relay.hooks import FailPolicy, HookError, Hooks, Ready
 from cri_proxy.relay.methods import MethodInfo
 
@@ -97,11 +99,14 @@ class HookRunner:
         except HookError as exc:
             self._count(info, "pre", "refused", began)
             return Refuse(exc.code.value[0], exc.message)
-        except Exception as exc:  # a hook bug must never take the call down with it
+        except (Exception, asyncio.CancelledError) as exc:  # a hook bug must never take the call down
+            if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
+                raise  # the call itself ended: the relay rolls back
             self._count(info, "pre", "error", began)
-            logger.opt(exception=exc).error("{}: pre hook failed: {}", info.path, exc)
+            logger.opt(exception=exc).error("{}: pre hook failed: {}", info.path, why(exc))
             if self._policy(hooks) is FailPolicy.FAIL:
-                return Refuse(grpc.StatusCode.INTERNAL.value[0], f"cri-proxy: {info.name} hook failed: {exc}")
+                code = grpc.StatusCode.INTERNAL.value[0]
+                return Refuse(code, f"cri-proxy: {info.name} hook failed: {why(exc)}")
             # forwarded as it came: the later hooks see that, not what the failed hook left half-changed
             return Forward(None, info.request_type.FromString(raw))
         self._count(info, "pre", "ok", began)
@@ -185,8 +190,10 @@ class HookRunner:
         """Run a hook that comes after the call (nothing left to refuse): count it; log a failure."""
         try:
             await run
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
+                raise
             self._count(info, stage, "error", began)
-            logger.opt(exception=exc).error("{}: {} hook failed: {}", info.path, stage, exc)
+            logger.opt(exception=exc).error("{}: {} hook failed: {}", info.path, stage, why(exc))
             return
         self._count(info, stage, "ok", began)

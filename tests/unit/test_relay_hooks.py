@@ -16,7 +16,7 @@ from cri_api.v1alpha2 import api_pb2 as v1alpha2
 from cri_proxy.relay import inline
 from cri_proxy.relay.hooks import FailPolicy, HookError, HookTable
 from cri_proxy.relay.methods import MethodInfo
-from tests.unit.relay_support import bed, run
+from tests.unit.relay_support import bed, eventually, run
 
 
 @pytest.fixture(autouse=True, params=["grpc", "frames"])
@@ -211,6 +211,54 @@ def test_a_pre_hook_run_that_breaks_outside_the_hook_still_ends_the_call(
                 assert "CreateContainer hook could not run: " in (err.value.details() or "")
                 assert not b.fake.store.containers
             assert b.relay.forwarder.runner.runs[("CreateContainer", "pre", "error")] == 1
+            version = _client(ch, v1, "Version", "VersionRequest", "VersionResponse")
+            assert (await asyncio.wait_for(version(v1.VersionRequest()), 10)).runtime_name
+
+    run(main())
+
+
+@pytest.mark.parametrize("policy", ["ignore", "fail"])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_call_cancelled_under_a_hook_is_its_failure_not_a_hung_call(policy: str, where: str) -> None:
+    """A hook's own call cancelled under it (grpc.aio raises CancelledError in the caller when its
+    channel is closed) is not the call being cancelled: the call ends by the fail policy, the link
+    serves the next call, and the failure is counted, as for any other exception. It used to leave
+    the call without an answer until the caller's deadline."""
+
+    def cancelled_under() -> asyncio.Future[None]:
+        gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(gone.cancel)  # cancelled by another party, a turn later
+        return gone
+
+    async def pre(request: Message, info: MethodInfo) -> Message:
+        if where == "before":
+            await cancelled_under()
+        return request
+
+    ran: list[str] = []
+
+    async def post(request: Message, response: Message, info: MethodInfo) -> None:
+        ran.append("post")
+        await cancelled_under()
+
+    hooks = HookTable()
+    hooks.register("CreateContainer", pre=pre, post=post if where == "after" else None)
+
+    async def main() -> None:
+        async with bed(hooks, fail_policy=policy) as b, b.channel() as ch:
+            assert b.fake is not None
+            runner = b.relay.forwarder.runner
+            if where == "after" or policy == "ignore":  # the request goes on as it came
+                cid = await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
+                assert cid in b.fake.store.containers
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
+                assert err.value.code() is grpc.StatusCode.INTERNAL
+                assert "cancelled" in (err.value.details() or "")
+                assert not b.fake.store.containers
+            stage = "pre" if where == "before" else "post"
+            await eventually(lambda: runner.runs[("CreateContainer", stage, "error")] == 1, "counted")
             version = _client(ch, v1, "Version", "VersionRequest", "VersionResponse")
             assert (await asyncio.wait_for(version(v1.VersionRequest()), 10)).runtime_name
 
