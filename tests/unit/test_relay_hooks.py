@@ -54,6 +54,20 @@ async def _sandbox_and_create(ch: grpc.aio.Channel, pb: Any, extra: bytes = b"")
     return str(pb.CreateContainerResponse.FromString(reply).container_id)
 
 
+async def _create_by_policy(b: Any, ch: grpc.aio.Channel, refused: bool, says: str) -> None:
+    """One create, within 10 s: refused INTERNAL saying `says`, nothing created; or else it went
+    on as it came (no cpuset)."""
+    if not refused:
+        cid = await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
+        assert b.fake.store.containers[cid].resources.cpuset_cpus == ""
+        return
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
+    assert err.value.code() is grpc.StatusCode.INTERNAL
+    assert says in (err.value.details() or "")
+    assert not b.fake.store.containers
+
+
 @pytest.mark.parametrize("pb", [v1, v1alpha2], ids=["v1", "v1alpha2"])
 def test_pre_hook_sets_cpuset_and_keeps_unknown_fields_post_hook_sees_reply(pb: Any) -> None:
     seen: list[tuple[str, str, str]] = []
@@ -201,15 +215,7 @@ def test_a_pre_hook_run_that_breaks_outside_the_hook_still_ends_the_call(
                 monkeypatch.setattr(inline, "start", cannot_start)
             else:
                 monkeypatch.setattr(b.relay.forwarder.runner, "pre", broken)
-            if policy == "ignore":  # the request goes on as it came
-                cid = await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
-                assert b.fake.store.containers[cid].resources.cpuset_cpus == ""
-            else:
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
-                assert err.value.code() is grpc.StatusCode.INTERNAL
-                assert "CreateContainer hook could not run: " in (err.value.details() or "")
-                assert not b.fake.store.containers
+            await _create_by_policy(b, ch, policy == "fail", "CreateContainer hook could not run: ")
             assert b.relay.forwarder.runner.runs[("CreateContainer", "pre", "error")] == 1
             version = _client(ch, v1, "Version", "VersionRequest", "VersionResponse")
             assert (await asyncio.wait_for(version(v1.VersionRequest()), 10)).runtime_name
@@ -248,15 +254,8 @@ def test_a_call_cancelled_under_a_hook_is_its_failure_not_a_hung_call(policy: st
         async with bed(hooks, fail_policy=policy) as b, b.channel() as ch:
             assert b.fake is not None
             runner = b.relay.forwarder.runner
-            if where == "after" or policy == "ignore":  # the request goes on as it came
-                cid = await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
-                assert cid in b.fake.store.containers
-            else:
-                with pytest.raises(grpc.aio.AioRpcError) as err:
-                    await asyncio.wait_for(_sandbox_and_create(ch, v1), 10)
-                assert err.value.code() is grpc.StatusCode.INTERNAL
-                assert "cancelled" in (err.value.details() or "")
-                assert not b.fake.store.containers
+            refused = where == "before" and policy == "fail"
+            await _create_by_policy(b, ch, refused, "hook failed: a call under it was cancelled")
             stage = "pre" if where == "before" else "post"
             await eventually(lambda: runner.runs[("CreateContainer", stage, "error")] == 1, "counted")
             version = _client(ch, v1, "Version", "VersionRequest", "VersionResponse")
