@@ -480,6 +480,8 @@ def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
                         ContainerRecord(cid, sid, "main", FULL.SerializeToString(), args[0], "0-15")
                     )
                     runtime.sets[cid] = "0-15"
+                    if args[0] is ContainerState.CREATED:
+                        r.created(cid)  # as the create's hook says: its cgroup has what the create set
                 elif op == "lsr":
                     if args[0] is None:
                         state.remove_pod("s-lsr")
