@@ -1,6 +1,7 @@
 """systemd's notify protocol: one datagram per message to the socket named in $NOTIFY_SOCKET.
 
-No libsystemd needed: READY=1, STOPPING=1, RELOADING=1, STATUS=..., WATCHDOG=1 are plain text.
+No libsystemd needed: READY=1, STOPPING=1, RELOADING=1 (with MONOTONIC_USEC), STATUS=..., WATCHDOG=1
+are plain text.
 An address starting with '@' is in the abstract namespace.
 
 A send never waits: it runs on the event loop the CRI calls share, and when PID 1 is not reading
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 
 WATCHDOG = "WATCHDOG=1"
 RETRY_EVERY = 0.1
@@ -68,6 +70,13 @@ def notify(message: str, env: dict[str, str] | None = None) -> bool:
     if sent is None and message != WATCHDOG:
         _held.add(target, message)
     return bool(sent)
+
+
+def reloading() -> str:
+    """RELOADING=1 with the CLOCK_MONOTONIC time in µs: systemd 253+ takes a reload under
+    `Type=notify-reload` (`ReloadSignal=SIGHUP`) only with it, and otherwise fails the reload
+    when its time-out ends; older ones ignore the field."""
+    return f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
 
 
 def held() -> list[str]:

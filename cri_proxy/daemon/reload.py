@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 from loguru import logger
 
 from cri_proxy.config import RELOADABLE, Config
-from cri_proxy.daemon.notify import notify
+from cri_proxy.daemon.notify import notify, reloading
 from cri_proxy.errors import CriProxyError
 from cri_proxy.settings import Settings
 from cri_proxy.threads import in_daemon_thread
@@ -49,7 +49,7 @@ class Reloader:
         """True when the new settings were taken."""
         if self.read is None:
             return False
-        notify("RELOADING=1")
+        notify(reloading())
         try:
             try:
                 # a daemon thread: a read from a disk that stopped answering must not hold the exit
