@@ -449,9 +449,10 @@ def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
     """Containers come, start, vanish behind the proxy's back or are removed; the share pool moves;
     an operator pins; cgroups drift; updates fail (transient, permanent) or are dropped, in any
     interleaving with the passes the reconciler runs. Never two updates to a container at once,
-    never more than the concurrency allowed, always the full resources. Once the runtime behaves,
-    one pass asked with a refresh leaves every container the runtime has as decided (cgroup and
-    `applied` alike), and none it lacks in the state."""
+    never more than the concurrency allowed, always the full resources. Once the runtime behaves, a
+    plain pass leaves what the proxy knows as decided (and every cgroup not written behind its
+    back), and one asked with a refresh leaves every container the runtime has as decided (cgroup
+    and `applied` alike), and none it lacks in the state."""
 
     async def main() -> None:
         state = node_with(2)
