@@ -47,10 +47,10 @@ CONNECT_TIMEOUT = 5.0
 LIST_TIMEOUT = 60.0
 LIST_PAGE = 500
 GONE_STREAK = 3
+"""410s in a row from which the lists are spaced out with back-off."""
 CONFIG_SOURCE = "kubernetes.io/config.source"
 """The kubelet's annotation on a pod (and its sandbox): "file" or "http" for a static pod, whose
 mirror in the API has a uid of its own, so it never matches the runtime's."""
-"""410s in a row from which the lists are spaced out with back-off."""
 MAX_KUBECONFIG_BYTES = 16 * 1024 * 1024  # a kubeconfig with inline certificates is kilobytes
 
 
