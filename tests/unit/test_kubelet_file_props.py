@@ -46,13 +46,19 @@ def test_the_reader_holds_the_last_good_contents_and_says_each_change(
     unusable = False
     serial = 0
 
+    def remove() -> None:
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
     def replace_with(make: object) -> None:
         nonlocal serial
         serial += 1
         tmp = base / f"new-{serial}"
         make(tmp)  # type: ignore[operator]
         if path.is_dir() and not path.is_symlink():
-            path.rmdir()
+            path.rmdir()  # a rename does not go over a directory
         os.rename(tmp, path)  # as the kubelet writes: a new file renamed over the old
 
     async def main() -> None:
@@ -66,20 +72,13 @@ def test_the_reader_holds_the_last_good_contents_and_says_each_change(
                 replace_with(lambda p: p.write_text('{"policyName": "static", "defaultCpuSet": '))
                 unusable = True
             elif op == "gone":
-                if path.is_dir() and not path.is_symlink():
-                    path.rmdir()
-                elif path.exists() or path.is_symlink():
-                    path.unlink()
+                remove()
                 kept, unusable = None, False
             elif op == "fifo":
                 replace_with(os.mkfifo)
                 unusable = True
             elif op == "dir":
-                if path.exists() or path.is_symlink():
-                    if path.is_dir() and not path.is_symlink():
-                        path.rmdir()
-                    else:
-                        path.unlink()
+                remove()
                 path.mkdir()
                 unusable = True
             elif op == "link":
