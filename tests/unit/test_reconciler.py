@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -433,20 +434,23 @@ class Runtime:
 STEP = st.one_of(
     st.tuples(st.just("add"), st.sampled_from([ContainerState.RUNNING, ContainerState.CREATED])),
     st.tuples(st.just("lsr"), st.sampled_from(["0-1", "2-3", "0-3", "8-9", None])),
+    st.tuples(st.just("qos"), st.integers(0, 7), st.sampled_from(["BE", "LS", None])),
     st.tuples(st.sampled_from(["start", "vanish", "remove", "unpin"]), st.integers(0, 7)),
     st.tuples(st.sampled_from(["drift", "pin"]), st.integers(0, 7), st.sampled_from(["0-15", "4-5", "10"])),
     st.tuples(st.just("fault"), st.sampled_from(["ok", "transient", "permanent", "drop"])),
     st.tuples(st.just("request"), st.booleans()),
+    st.tuples(st.just("settle")),
     st.tuples(st.just("yield"), st.integers(1, 20)),
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(STEP, min_size=1, max_size=40), st.integers(1, 3))
 def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
     steps: list[tuple[Any, ...]], concurrency: int
 ) -> None:
     """Containers come, start, vanish behind the proxy's back or are removed; the share pool moves;
+    a pod is relabelled to another QoS (its containers change, not their records);
     an operator pins; cgroups drift; updates fail (transient, permanent) or are dropped, in any
     interleaving with the passes the reconciler runs. Never two updates to a container at once,
     never more than the concurrency allowed, always the full resources. Once the runtime behaves, a
@@ -468,6 +472,7 @@ def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
             for step in steps:
                 op, *args = step
                 ids = sorted(c.id for c in state.containers())
+                pods = sorted((p.sandbox_id, p) for p in state.pods() if p.sandbox_id != "s-lsr")
                 pick = (
                     ids[args[0] % len(ids)] if ids and op in ("start", "vanish", "remove", "unpin") else None
                 )
@@ -488,6 +493,10 @@ def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
                         state.remove_pod("s-lsr")
                     else:
                         state.put_pod(lsr_pod(args[0]))
+                elif op == "qos" and pods:  # relabelled (the API's view): its pool, not the pools, moves
+                    pod = pods[args[0] % len(pods)][1]
+                    labels = {"koordinator.sh/qosClass": args[1]} if args[1] else {}
+                    state.put_pod(replace(pod, labels=labels))
                 elif op == "start" and pick is not None:
                     state.update_container(pick, state=ContainerState.RUNNING)
                     r.verify_started(pick)
@@ -510,6 +519,12 @@ def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
                     runtime.fault = args[0]
                 elif op == "request":
                     r.request(refresh=args[0])
+                elif op == "settle":  # passes until one finds nothing to do: the next sees only what follows
+                    for _ in range(5):
+                        done = (r.totals.updated, r.totals.failed, r.totals.dropped)
+                        await r.wait_for(r.request(), 10)
+                        if (r.totals.updated, r.totals.failed, r.totals.dropped) == done:
+                            break
                 elif op == "yield":
                     for _ in range(args[0]):
                         await asyncio.sleep(0)
