@@ -188,6 +188,12 @@ class ProxyProcess:
         argv = [self.args[0], "ctl", "-r", self.address, *args]
         return json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout)
 
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a node's crash ends it: no stop of its own."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
     def stop(self) -> int | None:
         if self.proc is None:
             return None

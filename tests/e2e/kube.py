@@ -224,3 +224,16 @@ def start_pod(
     if start:
         rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=timeout)
     return str(pod_id), str(cid), pod
+
+
+def create(cri: Any, pod: tuple[str, Any], name: str, *, start: bool = True, **kw: Any) -> str:
+    """CreateContainer (and StartContainer) of `name` in `pod` (its id and config) through `cri`
+    (a `containerd.CriClient`), as kubelet sends them; `kw` goes to `container_config`."""
+    api, rt = cri.api, cri.runtime
+    request = api.CreateContainerRequest(
+        pod_sandbox_id=pod[0], config=container_config(api, pod[1], name, **kw), sandbox_config=pod[1]
+    )
+    cid: str = rt.CreateContainer(request, timeout=30).container_id
+    if start:
+        rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=30)
+    return cid

@@ -25,7 +25,8 @@ import grpc
 import pytest
 from conftest import ProxyProcess
 from containerd import CriClient, PrivateContainerd, connect, read_container_cpuset
-from kube import container_config, pod_sandbox_config, start_pod
+from converge import mismatch, wait_for
+from kube import create, pod_sandbox_config, start_pod
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.enforce import lenient
@@ -35,14 +36,6 @@ pytestmark = pytest.mark.e2e
 QOS = "koordinator.sh/qosClass"
 ALLOC = "scheduling.koordinator.sh/resource-status"
 PERIOD = 1.0  # reconcile_period_seconds of these proxies
-CONVERGE = 45.0  # deadline: two reconcile periods, plus the pending grace (20 s) for a call whose
-# answer was lost with the runtime connection, on a machine shared by many tests
-STATES = {
-    v1.CONTAINER_CREATED: "created",
-    v1.CONTAINER_RUNNING: "running",
-    v1.CONTAINER_EXITED: "exited",
-    v1.CONTAINER_UNKNOWN: "unknown",
-}
 
 
 @pytest.fixture
@@ -56,60 +49,6 @@ def proxy(request: pytest.FixtureRequest, containerd: PrivateContainerd) -> Iter
         yield process
     finally:
         process.stop()
-
-
-def wait_for(check: Callable[[], str | None], within: float = CONVERGE) -> None:
-    """Until `check` says nothing is wrong (None); fails with its last word at the deadline."""
-    deadline = time.monotonic() + within
-    while True:
-        wrong = check()
-        if wrong is None:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within} s: {wrong}")
-        time.sleep(0.1)
-
-
-def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
-    """What differs between the proxy's state, containerd's containers and their cgroups; None: nothing."""
-    rows = {row["id"]: row for row in proxy.ctl_json("cpusets", "-o", "json")}
-    with connect(containerd.address) as cri:
-        listed = cri.runtime.ListContainers(v1.ListContainersRequest(), timeout=10).containers
-        runtime = {c.id: STATES[c.state] for c in listed}
-    pending = [row["container"] for row in rows.values() if row["state"] == "pending"]
-    if pending:
-        return f"pending: {pending}"
-    # the view lists what the runtime has even when the proxy does not track it: marked, not hidden
-    untracked = [
-        (row["container"], row["mark"]) for row in rows.values() if row["mark"] in ("UNTRACKED", "GONE")
-    ]
-    if untracked:
-        return f"not tracked as the runtime has them: {untracked}"
-    known = {cid: row["state"] for cid, row in rows.items()}
-    if known != runtime:
-        differ = sorted(
-            (cid[:13], known[cid], runtime[cid])
-            for cid in known.keys() & runtime.keys()
-            if known[cid] != runtime[cid]
-        )
-        return (
-            f"states differ (proxy, containerd): {differ}; "
-            f"proxy {sorted(known.items())} vs containerd {sorted(runtime.items())}: "
-            f"unknown to the proxy {sorted(runtime.keys() - known.keys())}, "
-            f"gone from containerd {sorted(known.keys() - runtime.keys())}"
-        )
-    snapshot = proxy.ctl_json("snapshot")
-    parents = {c["id"]: p["cgroup_parent"] for p in snapshot["pods"] for c in p["containers"]}
-    for cid, row in rows.items():
-        if row["state"] != "running" or row["decided"] is None or cid not in parents:
-            continue
-        try:
-            real = read_container_cpuset(parents[cid], cid)
-        except FileNotFoundError:  # it exited after the listing: the next look sees it exited
-            return f"{row['pod']} {row['container']}: its cgroup went away after the listing"
-        if real != row["decided"]:
-            return f"{row['pod']} {row['container']}: cgroup has {real}, decided {row['decided']}"
-    return None
 
 
 def pinned_story(proxy: ProxyProcess, cid: str) -> str:
@@ -138,16 +77,6 @@ def ls_pod(cri: CriClient, containerd: PrivateContainerd, name: str = "ls") -> t
     ).pod_sandbox_id, config
 
 
-def create(cri: CriClient, pod: tuple[str, Any], name: str, *, start: bool = True, **kw: Any) -> str:
-    request = v1.CreateContainerRequest(
-        pod_sandbox_id=pod[0], config=container_config(v1, pod[1], name, **kw), sandbox_config=pod[1]
-    )
-    cid: str = cri.runtime.CreateContainer(request, timeout=30).container_id
-    if start:
-        cri.runtime.StartContainer(v1.StartContainerRequest(container_id=cid), timeout=30)
-    return cid
-
-
 @contextlib.contextmanager
 def creating(proxy: ProxyProcess, pod: tuple[str, Any], prefix: str) -> Iterator[list[str]]:
     """A kubelet-like client creating containers in `pod` through the proxy, one after another,
@@ -174,12 +103,6 @@ def creating(proxy: ProxyProcess, pod: tuple[str, Any], prefix: str) -> Iterator
     finally:
         stop.set()
         worker.join(60)
-
-
-def kill(proxy: ProxyProcess) -> None:
-    assert proxy.proc is not None
-    proxy.proc.send_signal(signal.SIGKILL)
-    proxy.proc.wait(10)
 
 
 def test_containers_created_or_exiting_behind_the_proxys_back(
@@ -245,7 +168,7 @@ def test_proxy_sigkilled_while_creates_are_in_flight(
                     else "no pending checkpointed"
                 )
             )
-            kill(proxy)
+            proxy.kill()
         finally:
             os.kill(containerd.pid, signal.SIGCONT)
         for call in calls:
@@ -362,7 +285,7 @@ def test_an_annotation_that_is_not_utf8_does_not_stop_recovery(
         with connect(proxy.address) as cri:
             ls = ls_pod(cri, containerd)
             web = create(cri, ls, "web")
-        kill(proxy)
+        proxy.kill()
         proxy.start()
 
         def recovered() -> str | None:
@@ -427,11 +350,11 @@ def test_kills_and_restarts_in_sequence_while_containers_are_created(
         for kill_first in (True, False, True):
             wait_for(more(len(made) + 1))
             if kill_first:
-                kill(proxy)
+                proxy.kill()
                 containerd.restart()
             else:
                 containerd.restart()
-                kill(proxy)
+                proxy.kill()
             proxy.start()
         wait_for(more(len(made) + 1))
     wait_for(lambda: mismatch(proxy, containerd))
