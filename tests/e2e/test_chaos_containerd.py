@@ -1,0 +1,223 @@
+"""A node's bad day at random, against the real containerd and runc (2 CPUs).
+
+Pods of every QoS come and go (at most one exclusive pod at a time, on CPU 1); containers are
+created, started, stopped and removed, through the proxy or behind its back; the kubelet sends its
+cpuset-only updates; an operator writes a cgroup by hand; the proxy is SIGKILLed and started again
+or sent SIGHUP; containerd restarts, or stalls (SIGSTOP) under a create whose deadline passes —
+in any order hypothesis picks. After the steps, within a
+deadline, the proxy must know exactly the containers containerd has, with nothing pending, and
+every running container's cgroup must hold what the rules decide (`converge.mismatch`), and the
+proxy must never have logged a traceback and must stop cleanly.
+
+CI runs a few fixed sequences; `CRI_PROXY_CHAOS_EXAMPLES=200` runs more (a few seconds each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import grpc
+import pytest
+from conftest import ProxyProcess
+from containerd import CriClient, PrivateContainerd, connect, container_cgroup_file, remove_all_pods
+from converge import mismatch, wait_for
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from kube import QoS, container_config, create, pod_sandbox_config
+
+from cri_api.v1 import api_pb2 as v1
+
+pytestmark = pytest.mark.e2e
+
+QOS = "koordinator.sh/qosClass"
+ALLOC = "scheduling.koordinator.sh/resource-status"
+EXAMPLES = int(os.environ.get("CRI_PROXY_CHAOS_EXAMPLES", "4"))
+
+# kind -> (the kubelet's QoS class, the Koordinator labels and annotations)
+KINDS: dict[str, tuple[QoS, dict[str, str], dict[str, str]]] = {
+    "ls": ("burstable", {QOS: "LS"}, {}),
+    "be": ("besteffort", {QOS: "BE"}, {}),
+    "lsr": ("guaranteed", {QOS: "LSR"}, {ALLOC: json.dumps({"cpuset": "1"})}),
+    "lse": ("guaranteed", {QOS: "LSE"}, {ALLOC: json.dumps({"cpuset": "1"})}),
+    "burstable": ("burstable", {}, {}),
+    "besteffort": ("besteffort", {}, {}),
+    "guaranteed": ("guaranteed", {}, {}),
+}
+EXCLUSIVE = ("lsr", "lse")
+
+Step = tuple[Any, ...]
+VIA = ("proxy", "direct")  # through the proxy, or behind its back
+STEPS: st.SearchStrategy[Step] = st.one_of(
+    st.tuples(st.just("pod"), st.sampled_from(sorted(KINDS))),
+    st.tuples(st.just("container"), st.integers(0, 9), st.booleans(), st.sampled_from(VIA)),
+    st.tuples(st.sampled_from(["start", "stop", "remove"]), st.integers(0, 9), st.sampled_from(VIA)),
+    st.tuples(st.just("kubelet-update"), st.integers(0, 9)),
+    st.tuples(st.just("drift"), st.integers(0, 9), st.sampled_from(["0", "1", "0-1"])),
+    st.tuples(st.sampled_from(["stop-pod", "remove-pod"]), st.integers(0, 9), st.sampled_from(VIA)),
+    st.tuples(st.just("stall"), st.integers(0, 9), st.sampled_from([0.5, 1.5])),
+    st.tuples(st.sampled_from(["kill-proxy", "hup-proxy", "restart-containerd"])),
+)
+
+
+class Day:
+    """One example's node: the proxy in front of containerd, and the steps taken on them."""
+
+    def __init__(self, containerd: PrivateContainerd, name: str) -> None:
+        self.containerd = containerd
+        config = containerd.workdir / f"{name}.toml"
+        config.write_text("reconcile_period_seconds = 1.0\nexclusive_wait_seconds = 2.0\n")
+        self.proxy = ProxyProcess(containerd, "--config", str(config), name=name)
+        self.made = 0
+        self.configs: dict[str, tuple[Any, str]] = {}  # sandbox id -> (its config, its kind)
+
+    def pods(self, cri: CriClient) -> list[tuple[str, Any, str]]:
+        """(id, config, kind) of the ready pods, oldest first: indexes in the steps pick among them."""
+        ready = v1.PodSandboxFilter(state=v1.PodSandboxStateValue(state=v1.SANDBOX_READY))
+        items = cri.runtime.ListPodSandbox(v1.ListPodSandboxRequest(filter=ready), timeout=30).items
+        return [(p.id, *self.configs[p.id]) for p in sorted(items, key=lambda p: (p.created_at, p.id))]
+
+    def containers(self, cri: CriClient, *states: int) -> list[v1.Container]:
+        listed = cri.runtime.ListContainers(v1.ListContainersRequest(), timeout=30).containers
+        return sorted((c for c in listed if c.state in states), key=lambda c: (c.created_at, c.id))
+
+    def take(self, step: Step) -> None:
+        op, *args = step
+        with connect(self.proxy.address) as through, connect(self.containerd.address) as direct:
+            live = (v1.CONTAINER_CREATED, v1.CONTAINER_RUNNING)
+            if op == "pod":
+                kind = args[0]
+                if kind in EXCLUSIVE and any(k in EXCLUSIVE for _, _, k in self.pods(direct)):
+                    return  # one exclusive pod at a time on CPU 1 (two would be a conflict by design)
+                self.made += 1
+                qos, labels, annotations = KINDS[kind]
+                config = pod_sandbox_config(
+                    v1,
+                    f"{kind}-{self.made}",
+                    qos=qos,
+                    labels=labels,
+                    annotations=annotations,
+                    log_root=self.containerd.pod_log_dir,
+                )
+                sandbox = through.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=config), timeout=30)
+                self.configs[sandbox.pod_sandbox_id] = (config, kind)
+                create(through, (sandbox.pod_sandbox_id, config), "app")
+            elif op == "container":
+                pods = self.pods(direct)
+                if pods:
+                    sandbox_id, config, _ = pods[args[0] % len(pods)]
+                    self.made += 1
+                    cri = through if args[2] == "proxy" else direct
+                    create(cri, (sandbox_id, config), f"c{self.made}", start=args[1])
+            elif op in ("start", "stop", "remove", "kubelet-update", "drift"):
+                states = {
+                    "start": (v1.CONTAINER_CREATED,),
+                    "stop": (v1.CONTAINER_RUNNING,),
+                    "drift": (v1.CONTAINER_RUNNING,),
+                }.get(op, live)
+                found = self.containers(direct, *states)
+                if found:
+                    cri = direct if args[1:] == ["direct"] else through
+                    self.on_container(cri, found[args[0] % len(found)], op, *args[1:])
+            elif op in ("stop-pod", "remove-pod"):
+                pods = self.pods(direct)
+                if pods:
+                    sandbox_id = pods[args[0] % len(pods)][0]
+                    rt = (direct if args[1] == "direct" else through).runtime
+                    rt.StopPodSandbox(v1.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=30)
+                    if op == "remove-pod":
+                        rt.RemovePodSandbox(v1.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=30)
+            elif op == "stall":  # containerd hangs under a create: the caller's deadline passes
+                pods = self.pods(direct)
+                pid = self.containerd.pid
+                if pods and pid is not None:
+                    sandbox_id, config, _ = pods[args[0] % len(pods)]
+                    self.made += 1
+                    request = v1.CreateContainerRequest(
+                        pod_sandbox_id=sandbox_id,
+                        config=container_config(v1, config, f"c{self.made}"),
+                        sandbox_config=config,
+                    )
+                    os.kill(pid, signal.SIGSTOP)
+                    try:
+                        with pytest.raises(grpc.RpcError) as raised:
+                            through.runtime.CreateContainer(request, timeout=args[1])
+                        assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
+                    finally:
+                        os.kill(pid, signal.SIGCONT)
+            elif op == "kill-proxy":
+                self.proxy.kill()
+                self.proxy.start()
+            elif op == "hup-proxy":
+                assert self.proxy.proc is not None
+                self.proxy.proc.send_signal(signal.SIGHUP)
+            elif op == "restart-containerd":
+                self.containerd.restart()
+
+    def on_container(self, cri: CriClient, c: v1.Container, op: str, *args: Any) -> None:
+        rt = cri.runtime
+        if op == "start":
+            rt.StartContainer(v1.StartContainerRequest(container_id=c.id), timeout=30)
+        elif op == "stop":
+            rt.StopContainer(v1.StopContainerRequest(container_id=c.id, timeout=1), timeout=30)
+        elif op == "remove":
+            rt.RemoveContainer(v1.RemoveContainerRequest(container_id=c.id), timeout=30)
+        elif op == "kubelet-update":  # the static CPU manager's cpuset-only update: the shared pool
+            update = v1.UpdateContainerResourcesRequest(
+                container_id=c.id, linux=v1.LinuxContainerResources(cpuset_cpus="0-1")
+            )
+            rt.UpdateContainerResources(update, timeout=30)
+        elif op == "drift":  # an operator's echo into the cgroup, behind containerd's back
+            parent = self.parent_of(c)
+            if parent is not None:
+                # it may have exited meanwhile, or the set is not within its pod's: as by hand
+                with contextlib.suppress(OSError):
+                    container_cgroup_file(parent, c.id, "cpuset.cpus").write_text(args[0])
+
+    def parent_of(self, c: v1.Container) -> str | None:
+        known = self.configs.get(c.pod_sandbox_id)
+        return str(known[0].linux.cgroup_parent) if known is not None else None
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # an example takes seconds: no shrinking
+)
+@given(
+    first=st.lists(st.sampled_from(sorted(KINDS)), min_size=2, max_size=4),
+    steps=st.lists(STEPS, min_size=4, max_size=20),
+)
+def test_whatever_the_day_brings_the_node_settles_as_decided(
+    containerd: PrivateContainerd, first: list[str], steps: list[Step]
+) -> None:
+    """The node begins with a few pods of the kinds `first` names, then takes `steps`."""
+    day = Day(containerd, f"chaos-{time.monotonic_ns()}")
+    day.proxy.start()
+    taken: list[str] = []
+    try:
+        for step in [("pod", kind) for kind in first] + steps:
+            try:
+                day.take(step)
+            except grpc.RpcError as err:  # as the kubelet: an answer is an answer, it goes on
+                if err.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    raise AssertionError(f"{step}: {err.code().name} {err.details()}") from err
+            taken.append(repr(step))
+        wait_for(lambda: mismatch(day.proxy, containerd))
+        assert day.proxy.stop() == 0, "the proxy did not stop cleanly"
+        log = day.proxy.log_path.read_text()
+        assert "Traceback" not in log, log[-4000:]
+    except BaseException as err:
+        log = day.proxy.log_path.read_text() if day.proxy.log_path.exists() else ""
+        raise AssertionError(f"after steps {taken}:\n{err}\nproxy log tail:\n{log[-3000:]}") from err
+    finally:
+        day.proxy.stop()
+        if not containerd.running:
+            containerd.start_daemon()
+        with connect(containerd.address) as direct:  # the next example begins on an empty node
+            remove_all_pods(direct)
