@@ -222,6 +222,7 @@ class Proxy:
     async def stop(self) -> None:
         notify("STOPPING=1")
         self._stopping = True  # a SIGHUP now is ignored (removing the handler would let it end us)
+        self.supervisor.stopping()  # the relay's stop closes the runtime channel under the loops' calls
         if self.http is not None:
             await self.http.stop()
         await self.relay.stop()

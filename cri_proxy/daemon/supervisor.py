@@ -111,6 +111,10 @@ class Supervisor:
                     return
                 status.last_error = "returned (a loop must run until stopped)"
                 failed = None
+            if self._stopping:  # the proxy closes what the tasks use before it cancels them
+                logger.debug("background {!r} ended while stopping: {}", status.name, status.last_error)
+                entry.done.set()
+                return
             if time.monotonic() - started >= self.backoff.healthy_after:
                 entry.failures = 0
             entry.failures += 1
@@ -152,6 +156,12 @@ class Supervisor:
         )
 
     # -- stopping ---------------------------------------------------------------------------
+    def stopping(self) -> None:
+        """The proxy begins to stop: a task that ends from now on (its channel closed under its
+        call, as the relay's stop does before `stop()`) is not a failure, nor restarted, nor
+        logged as an error; nothing new starts."""
+        self._stopping = True
+
     async def stop(self) -> None:
         """Cancel every task and wait for each to end: nothing is left pending."""
         self._stopping = True

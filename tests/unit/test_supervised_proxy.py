@@ -132,6 +132,39 @@ def test_stop_leaves_no_task_behind(tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_loop_whose_call_the_stop_cancels_is_no_failure(tmp_path: Path) -> None:
+    """The relay's stop closes the runtime channel before the loops are cancelled: grpc.aio then
+    raises CancelledError in a loop's call under way. Found by the e2e chaos test: every stop with
+    the runtime probe's call under way logged an ERROR with a traceback, "restarting"."""
+    lines: list[str] = []
+    sink = logger.add(lines.append, level="DEBUG", format="{level} {message}")
+    under_way = asyncio.Event()
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            proxy = n.proxy
+            await _until(lambda: proxy.probe.up, "the runtime probe")
+            events = proxy.relay.channel.unary_stream("/runtime.v1.RuntimeService/GetContainerEvents")
+
+            async def check() -> bool:  # a call that waits for the runtime's next event: none comes
+                call = events(b"", timeout=60)
+                under_way.set()
+                async for _ in call:
+                    pass
+                return True
+
+            proxy.probe.check = check  # type: ignore[method-assign]
+            await asyncio.wait_for(under_way.wait(), 10)
+        assert proxy.supervisor.restarts()["runtime-probe"] == 0
+
+    try:
+        run(main())
+    finally:
+        logger.remove(sink)
+    assert not [line for line in lines if line.startswith("ERROR")], lines
+    assert any("'runtime-probe' ended while stopping: CancelledError" in line for line in lines), lines
+
+
 def test_reload_swaps_every_setting_at_once_or_none(tmp_path: Path) -> None:
     async def main() -> None:
         new_file: list[Config] = []

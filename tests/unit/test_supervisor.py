@@ -207,6 +207,38 @@ def test_a_call_cancelled_under_a_loop_is_a_failure_not_a_silent_end(log: list[s
     assert any(line.startswith("ERROR background loop 'probe' failed: CancelledError") for line in log)
 
 
+def test_what_ends_once_stopping_began_is_no_failure(log: list[str]) -> None:
+    """Between `stopping()` and `stop()` the proxy closes what its tasks use: a task that ends then
+    is not restarted, not down in health, not an ERROR; a job asked for then does not start."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def until_released() -> None:
+        await release.wait()
+        raise RuntimeError("its channel closed")
+
+    async def job() -> None:
+        started.append("job")
+
+    async def main() -> None:
+        supervisor = Supervisor(FAST)
+        supervisor.loop("probe", until_released)
+        await asyncio.sleep(0)
+        supervisor.stopping()
+        release.set()
+        await until(lambda: not supervisor.statuses(), "the loop ended")
+        supervisor.job("reload", job)
+        await asyncio.sleep(0.05)
+        assert supervisor.restarts() == {"probe": 0}
+        assert supervisor.health() == (True, "ok")
+        await supervisor.stop()
+
+    asyncio.run(main())
+    assert started == []
+    assert not [line for line in log if line.startswith("ERROR")], log
+    assert "DEBUG background 'probe' ended while stopping: RuntimeError: its channel closed\n" in log
+
+
 def test_backoff_grows_to_its_cap() -> None:
     backoff = Backoff(first=0.5, factor=2.0, most=5.0)
     assert [backoff.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
