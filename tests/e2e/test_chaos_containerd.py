@@ -3,11 +3,12 @@
 Pods of every QoS come and go (at most one exclusive pod at a time, on CPU 1); containers are
 created, started, stopped and removed, through the proxy or behind its back; the kubelet sends its
 cpuset-only updates; an operator writes a cgroup by hand; the proxy is SIGKILLed and started again
-or sent SIGHUP; containerd restarts, or stalls (SIGSTOP) under a create whose deadline passes —
-in any order hypothesis picks. After the steps, within a
-deadline, the proxy must know exactly the containers containerd has, with nothing pending, and
-every running container's cgroup must hold what the rules decide (`converge.mismatch`), and the
-proxy must never have logged a traceback and must stop cleanly.
+or sent SIGHUP; the kubelet's static CPU manager gives Guaranteed pods CPUs in its state file, or
+the file is removed or left half-written; containerd restarts, or stalls (SIGSTOP) under a create
+whose deadline passes — in any order hypothesis picks. After the steps, within a deadline, the
+proxy must know exactly the containers containerd has, with nothing pending, and every running
+container's cgroup must hold what the rules decide (`converge.mismatch`); the proxy must never
+have logged a traceback and must stop cleanly.
 
 CI runs a few fixed sequences; `CRI_PROXY_CHAOS_EXAMPLES=200` runs more (a few seconds each).
 """
@@ -60,6 +61,7 @@ STEPS: st.SearchStrategy[Step] = st.one_of(
     st.tuples(st.just("drift"), st.integers(0, 9), st.sampled_from(["0", "1", "0-1"])),
     st.tuples(st.sampled_from(["stop-pod", "remove-pod"]), st.integers(0, 9), st.sampled_from(VIA)),
     st.tuples(st.just("stall"), st.integers(0, 9), st.sampled_from([0.5, 1.5])),
+    st.tuples(st.just("kubelet-file"), st.sampled_from(["0", "1", "none", "half-written", "removed"])),
     st.tuples(st.sampled_from(["kill-proxy", "hup-proxy", "restart-containerd"])),
 )
 
@@ -74,6 +76,8 @@ class Day:
         self.proxy = ProxyProcess(containerd, "--config", str(config), name=name)
         self.made = 0
         self.configs: dict[str, tuple[Any, str]] = {}  # sandbox id -> (its config, its kind)
+        self.kubelet_file = containerd.workdir / "cpu_manager_state"  # ProxyProcess's --kubelet-state-file
+        self.kubelet: dict[str, Any] | None = None  # the static policy's state as last written whole
 
     def pods(self, cri: CriClient) -> list[tuple[str, Any, str]]:
         """(id, config, kind) of the ready pods, oldest first: indexes in the steps pick among them."""
@@ -149,6 +153,8 @@ class Day:
                         assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
                     finally:
                         os.kill(pid, signal.SIGCONT)
+            elif op == "kubelet-file":
+                self.write_kubelet_file(args[0], direct)
             elif op == "kill-proxy":
                 self.proxy.kill()
                 self.proxy.start()
@@ -166,9 +172,11 @@ class Day:
             rt.StopContainer(v1.StopContainerRequest(container_id=c.id, timeout=1), timeout=30)
         elif op == "remove":
             rt.RemoveContainer(v1.RemoveContainerRequest(container_id=c.id), timeout=30)
-        elif op == "kubelet-update":  # the static CPU manager's cpuset-only update: the shared pool
+        elif (
+            op == "kubelet-update"
+        ):  # the CPU manager's cpuset-only update: the container's own or the shared set
             update = v1.UpdateContainerResourcesRequest(
-                container_id=c.id, linux=v1.LinuxContainerResources(cpuset_cpus="0-1")
+                container_id=c.id, linux=v1.LinuxContainerResources(cpuset_cpus=self.kubelet_set(c))
             )
             rt.UpdateContainerResources(update, timeout=30)
         elif op == "drift":  # an operator's echo into the cgroup, behind containerd's back
@@ -177,6 +185,35 @@ class Day:
                 # it may have exited meanwhile, or the set is not within its pod's: as by hand
                 with contextlib.suppress(OSError):
                     container_cgroup_file(parent, c.id, "cpuset.cpus").write_text(args[0])
+
+    def write_kubelet_file(self, how: str, direct: CriClient) -> None:
+        """The kubelet's static policy giving each ready Guaranteed pod's containers CPU `how`, the
+        none policy, a file cut short as a crash mid-write leaves it, or no file."""
+        if how == "removed":
+            self.kubelet_file.unlink(missing_ok=True)
+            self.kubelet = None
+        elif how == "half-written":
+            self.kubelet_file.write_text('{"policyName": "static", "defaultCpuSet": "0-')
+        else:
+            entries = {
+                config.metadata.uid: {"app": how}
+                for _, config, kind in self.pods(direct)
+                if kind == "guaranteed" and how != "none"
+            }
+            default = "0-1" if how == "none" else ("1" if how == "0" else "0")
+            state = {"policyName": "static" if how != "none" else "none", "defaultCpuSet": default}
+            self.kubelet = {**state, "entries": entries} if how != "none" else None
+            staged = self.kubelet_file.with_suffix(".new")
+            staged.write_text(json.dumps(self.kubelet or state))
+            staged.rename(self.kubelet_file)  # the kubelet's checkpoint is written whole, then renamed
+
+    def kubelet_set(self, c: v1.Container) -> str:
+        """What the kubelet's CPU manager sends a container: its entry, else the shared set."""
+        if self.kubelet is None:
+            return "0-1"
+        known = self.configs.get(c.pod_sandbox_id)
+        uid = known[0].metadata.uid if known is not None else ""
+        return str(self.kubelet["entries"].get(uid, {}).get(c.metadata.name, self.kubelet["defaultCpuSet"]))
 
     def parent_of(self, c: v1.Container) -> str | None:
         known = self.configs.get(c.pod_sandbox_id)
@@ -221,3 +258,4 @@ def test_whatever_the_day_brings_the_node_settles_as_decided(
             containerd.start_daemon()
         with connect(containerd.address) as direct:  # the next example begins on an empty node
             remove_all_pods(direct)
+        day.kubelet_file.unlink(missing_ok=True)
