@@ -54,6 +54,7 @@ KINDS: dict[str, tuple[QoS, dict[str, str], dict[str, str]]] = {
 }
 EXCLUSIVE = ("lsr", "lse")
 BUSY, BUSY_MOST = "busy", 12  # the names of the busy kubelet's containers, and how many in a day
+STALLED = "stalled"  # the names of the containers created while containerd stalls
 
 Step = tuple[Any, ...]
 VIA = ("proxy", "direct")  # through the proxy, or behind its back
@@ -91,10 +92,12 @@ class Day:
         return [(p.id, *self.configs[p.id]) for p in ordered if p.id in self.configs]
 
     def containers(self, cri: CriClient, *states: int) -> list[v1.Container]:
-        """The steps' containers in `states`, oldest first: not the busy kubelet's, whose create and
-        start it alone sends (containerd refuses a remove while a start is under way)."""
+        """The steps' containers in `states`, oldest first. Not the busy kubelet's, whose create and
+        start it alone sends (containerd refuses a remove while a start is under way); nor those
+        whose create failed at its deadline: the kubelet never learns their ids (containerd may
+        have made one all the same, and half: its start fails on the sandbox's namespaces)."""
         listed = cri.runtime.ListContainers(v1.ListContainersRequest(), timeout=30).containers
-        mine = (c for c in listed if c.state in states and not c.metadata.name.startswith(BUSY))
+        mine = (c for c in listed if c.state in states and not c.metadata.name.startswith((BUSY, STALLED)))
         return sorted(mine, key=lambda c: (c.created_at, c.id))
 
     def take(self, step: Step) -> None:
@@ -151,7 +154,7 @@ class Day:
                     sandbox_id, config, _ = pods[args[0] % len(pods)]
                     request = v1.CreateContainerRequest(
                         pod_sandbox_id=sandbox_id,
-                        config=container_config(v1, config, f"c{next(self.numbers)}"),
+                        config=container_config(v1, config, f"{STALLED}{next(self.numbers)}"),
                         sandbox_config=config,
                     )
                     os.kill(pid, signal.SIGSTOP)
