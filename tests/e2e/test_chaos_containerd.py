@@ -198,18 +198,26 @@ class Day:
                     container_cgroup_file(parent, c.id, "cpuset.cpus").write_text(args[0])
 
     def keep_creating(self, stop: threading.Event, errors: list[BaseException]) -> None:
-        """A kubelet starting containers all day through the proxy, in the newest ready pod, up to
-        BUSY_MOST; whatever it is answered it goes on (as the kubelet retries), on a new connection
-        after an error (the proxy may have been killed)."""
+        """A kubelet starting containers all day through the proxy, up to BUSY_MOST, in an LS pod
+        of its own (the steps' pod stops would race its starts, which the kubelet's pod worker
+        never lets happen); whatever it is answered it goes on (as the kubelet retries), on a new
+        connection after an error (the proxy may have been killed)."""
+        config = pod_sandbox_config(
+            v1, BUSY, qos="burstable", labels={QOS: "LS"}, log_root=self.containerd.pod_log_dir
+        )
+        pod: tuple[str, Any] | None = None
         made = 0
         while not stop.is_set() and made < BUSY_MOST:
             try:
-                with connect(self.proxy.address) as through, connect(self.containerd.address) as direct:
+                with connect(self.proxy.address) as through:
                     while not stop.is_set() and made < BUSY_MOST:
-                        pods = self.pods(direct)
-                        if pods:
-                            create(through, pods[-1][:2], f"{BUSY}{next(self.numbers)}")
-                            made += 1
+                        if pod is None:
+                            run = through.runtime.RunPodSandbox(
+                                v1.RunPodSandboxRequest(config=config), timeout=30
+                            )
+                            pod = (run.pod_sandbox_id, config)
+                        create(through, pod, f"{BUSY}{next(self.numbers)}")
+                        made += 1
                         stop.wait(0.05)
             except grpc.RpcError:
                 stop.wait(0.05)
