@@ -183,9 +183,8 @@ class Day:
             rt.StopContainer(v1.StopContainerRequest(container_id=c.id, timeout=1), timeout=30)
         elif op == "remove":
             rt.RemoveContainer(v1.RemoveContainerRequest(container_id=c.id), timeout=30)
-        elif (
-            op == "kubelet-update"
-        ):  # the CPU manager's cpuset-only update: the container's own or the shared set
+        elif op == "kubelet-update":
+            # the CPU manager's cpuset-only update: the container's own entry or the shared set
             update = v1.UpdateContainerResourcesRequest(
                 container_id=c.id, linux=v1.LinuxContainerResources(cpuset_cpus=self.kubelet_set(c))
             )
