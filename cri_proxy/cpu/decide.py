@@ -742,6 +742,14 @@ def _again(pod: PodInfo, before: tuple[PodInfo, _Entry] | None, online: CPUSet) 
     return pod, _entry(pod, online, _parse(pod))
 
 
+def _kin_changed(made: dict[int, tuple[PodInfo, _Entry]], pod: PodInfo) -> bool:
+    """Whether another sandbox of the pod (the same key) is among the pods changed since the last
+    call: its containers' problems are the pod's too, and only a plan says them (`memo.troubled`
+    knows the last call's only)."""
+    key = pod.key
+    return any(other is not pod and other.key == key for other, _ in made.values())
+
+
 def _holds(pod: PodInfo, container_id: str) -> bool:
     """Whether the pod has the container (most often its newest one)."""
     cs = pod.containers
@@ -818,6 +826,8 @@ def decide_one(inputs: NodeInputs, memo: DecideMemo, container_id: str) -> Conta
     found = next((e for pod, e in reversed(made.values()) if _holds(pod, container_id)), None)
     if found is None or found.view.pod.key in memo.troubled:  # another sandbox of the pod has problems
         return None
+    if _kin_changed(made, found.view.pod):
+        return None
     view = found.view
     if not _per_container(view, kube):  # the pod's one rule, without deciding its other containers
         rule = _shared_rule(view, decider)
@@ -851,6 +861,8 @@ def decide_added(
     if inputs is not None and inputs.pods is not memo.seq:
         made = _folded(inputs, memo)
         if made is None:
+            return None
+        if _kin_changed(made, pod):
             return None
         hit = made.get(id(pod)) or hit  # changed since, or as it was (the survey is the same)
     if decider is None or hit is None or hit[0] is not pod:

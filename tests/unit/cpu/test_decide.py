@@ -395,6 +395,25 @@ def _with_container(inputs: NodeInputs, at: int, name: str) -> NodeInputs:
     return replace(inputs, pods=tuple(pods))
 
 
+def test_a_pod_with_another_sandbox_changed_since_is_not_answered_ahead() -> None:
+    """Two sandboxes of one pod (its sandbox made again while the old one is still listed ready),
+    the new one added since the last plan: its containers' problem (here the LS pool left empty by
+    an LSR pod) is the pod's, which only a plan says. So neither `decide_added` nor `decide_one`
+    answers for the pod's other sandbox: the create's caller plans. Found by the property test
+    (CI): both answered, and the plan then had a problem of the pod."""
+    old = pod("web", "besteffort")
+    lsr = pod("lsr", "guaranteed", alloc={"cpuset": "0-15"})
+    memo = DecideMemo()
+    before = node(old, lsr)
+    decide(before, memo)
+    again = replace(pod("web", "guaranteed"), containers=(ContainerInfo("web-new-main", "main"),))
+    now = replace(before, pods=(*before.pods, again))
+    plan = decide(_with_container(now, 0, "b"))
+    assert [p.kind.value for p in plan.problems if p.pod == old.key] == ["pool-exhausted"]
+    assert decide_added(memo, old, "web-b", now) is None
+    assert decide_one(_with_container(now, 0, "b"), memo, "web-b") is None
+
+
 def test_decide_added_gives_a_new_container_its_pods_rule_or_nothing() -> None:
     """Right after a plan: a new container of an LS or a plain pod gets its pod's rule (what the
     whole plan then gives it); not one that would move the pools (the kubelet's v1 entry of a
