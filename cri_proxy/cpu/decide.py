@@ -746,8 +746,10 @@ def _kin_changed(made: dict[int, tuple[PodInfo, _Entry]], pod: PodInfo) -> bool:
     """Whether another sandbox of the pod (the same key) is among the pods changed since the last
     call: its containers' problems are the pod's too, and only a plan says them (`memo.troubled`
     knows the last call's only)."""
-    key = pod.key
-    return any(other is not pod and other.key == key for other, _ in made.values())
+    name, namespace = pod.name, pod.namespace  # the key's parts: no string made per pod
+    return any(
+        other is not pod and other.name == name and other.namespace == namespace for other, _ in made.values()
+    )
 
 
 def _holds(pod: PodInfo, container_id: str) -> bool:
