@@ -162,7 +162,7 @@ def test_a_loop_whose_call_the_stop_cancels_is_no_failure(tmp_path: Path) -> Non
     finally:
         logger.remove(sink)
     assert not [line for line in lines if line.startswith("ERROR")], lines
-    assert any("'runtime-probe' ended while stopping: CancelledError" in line for line in lines), lines
+    assert any("'runtime-probe' ended while stopping" in line for line in lines), lines
 
 
 def test_reload_swaps_every_setting_at_once_or_none(tmp_path: Path) -> None:
