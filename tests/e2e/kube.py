@@ -215,25 +215,33 @@ def start_pod(
         api, name, qos=qos, uid=uid, labels=labels, annotations=annotations, log_root=log_root
     )
     pod_id = rt.RunPodSandbox(api.RunPodSandboxRequest(config=pod), timeout=timeout).pod_sandbox_id
-    cid = rt.CreateContainer(
-        api.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=container_config(api, pod, "app"), sandbox_config=pod
-        ),
-        timeout=timeout,
-    ).container_id
-    if start:
-        rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=timeout)
-    return str(pod_id), str(cid), pod
+    cid = run_container(api, rt, (pod_id, pod), "app", start=start, timeout=timeout)
+    return str(pod_id), cid, pod
 
 
-def create(cri: Any, pod: tuple[str, Any], name: str, *, start: bool = True, **kw: Any) -> str:
-    """CreateContainer (and StartContainer) of `name` in `pod` (its id and config) through `cri`
-    (a `containerd.CriClient`), as kubelet sends them; `kw` goes to `container_config`."""
-    api, rt = cri.api, cri.runtime
+def run_container(
+    api: ModuleType,
+    rt: Any,
+    pod: tuple[str, Any],
+    name: str,
+    *,
+    start: bool = True,
+    timeout: float = 30,
+    **kw: Any,
+) -> str:
+    """CreateContainer (and StartContainer) of `name` in `pod` (its id and config) through `rt` (a
+    RuntimeService stub), as kubelet sends them; `kw` goes to `container_config`."""
     request = api.CreateContainerRequest(
         pod_sandbox_id=pod[0], config=container_config(api, pod[1], name, **kw), sandbox_config=pod[1]
     )
-    cid: str = rt.CreateContainer(request, timeout=30).container_id
+    cid: str = rt.CreateContainer(request, timeout=timeout).container_id
     if start:
-        rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=30)
+        rt.StartContainer(api.StartContainerRequest(container_id=cid), timeout=timeout)
     return cid
+
+
+def create(
+    cri: Any, pod: tuple[str, Any], name: str, *, start: bool = True, timeout: float = 30, **kw: Any
+) -> str:
+    """`run_container` through `cri` (a `containerd.CriClient`)."""
+    return run_container(cri.api, cri.runtime, pod, name, start=start, timeout=timeout, **kw)

@@ -32,7 +32,7 @@ from containerd import CriClient, PrivateContainerd, connect, container_cgroup_f
 from converge import mismatch, wait_for
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from kube import QoS, container_config, create, pod_sandbox_config
+from kube import QoS, create, pod_sandbox_config
 
 from cri_api.v1 import api_pb2 as v1
 
@@ -152,15 +152,11 @@ class Day:
                 pid = self.containerd.pid
                 if pods and pid is not None:
                     sandbox_id, config, _ = pods[args[0] % len(pods)]
-                    request = v1.CreateContainerRequest(
-                        pod_sandbox_id=sandbox_id,
-                        config=container_config(v1, config, f"{STALLED}{next(self.numbers)}"),
-                        sandbox_config=config,
-                    )
+                    name = f"{STALLED}{next(self.numbers)}"
                     os.kill(pid, signal.SIGSTOP)
                     try:
                         with pytest.raises(grpc.RpcError) as raised:
-                            through.runtime.CreateContainer(request, timeout=args[1])
+                            create(through, (sandbox_id, config), name, start=False, timeout=args[1])
                         assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
                     finally:
                         os.kill(pid, signal.SIGCONT)
