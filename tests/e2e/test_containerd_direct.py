@@ -7,6 +7,9 @@ down that pods, containers, exec and cpuset updates work on this machine, on bot
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,44 @@ def test_containers_survive_containerd_restart(containerd: PrivateContainerd, ho
             api.ExecSyncRequest(container_id=ctr_id, cmd=["cat", "/proc/1/comm"], timeout=10), timeout=15
         )
         assert out.stdout == b"sleep\n"
+
+
+def test_the_bed_ends_the_shims_its_containerd_lost(e2e_tools: None, tmp_path: Path) -> None:
+    """A shim containerd lost track of (and the process under it) outlives every removal through
+    containerd: the bed's stop ends it, and warns, rather than leave it on the machine."""
+    bed = PrivateContainerd().start()
+    try:
+        # a stand-in shim by name and arguments, with a child as a container's process would be
+        shim = subprocess.Popen(
+            ["/usr/bin/containerd-shim-runc-v2", "-c", "sleep 120 & wait", "-address", str(bed.socket_path)],
+            executable="/bin/sh",
+        )
+        child = _wait_for_child(shim.pid)
+    finally:
+        with pytest.warns(UserWarning, match="left 1 shims"):
+            bed.stop()
+    assert shim.wait(10) == -signal.SIGKILL
+    assert _gone_or_zombie(child), f"the shim's child {child} still runs"
+
+
+def _wait_for_child(pid: int, within: float = 10.0) -> int:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.02)
+    raise AssertionError(f"no child under {pid} within {within} s")
+
+
+def _gone_or_zombie(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False
