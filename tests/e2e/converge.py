@@ -3,8 +3,12 @@ for it with a deadline: the oracle of the end-to-end state tests."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from conftest import ProxyProcess
@@ -83,4 +87,23 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
             return f"{row['pod']} {row['container']}: its cgroup went away after the listing"
         if real != row["decided"]:
             return f"{row['pod']} {row['container']}: cgroup has {real}, decided {row['decided']}"
+    # the live decisions (kept up by each change, reusing what did not change) must be what
+    # `cri-proxy plan` decides afresh from the same inputs
+    fresh = replay(proxy, snapshot)["containers"]
+    for cid in parents:
+        row, again = rows[cid], fresh[cid]
+        if (row["qos"], row["decided"]) != (again["qos"], again["cpuset_cpus"]):
+            return (
+                f"{row['pod']} {row['container']}: the proxy decided {row['qos']} {row['decided']}, "
+                f"`plan` on its snapshot {again['qos']} {again['cpuset_cpus']} ({again['why']})"
+            )
     return None
+
+
+def replay(proxy: ProxyProcess, snapshot: Any) -> Any:
+    """`cri-proxy plan --snapshot` on `snapshot`, which must succeed; its decisions as JSON."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+        json.dump(snapshot, file)
+        file.flush()
+        argv = [proxy.args[0], "plan", "--snapshot", file.name]
+        return json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout)
