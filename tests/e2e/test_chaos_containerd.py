@@ -2,14 +2,16 @@
 
 Pods of every QoS come and go (at most one exclusive pod at a time, on CPU 1); containers are
 created, started, stopped and removed, through the proxy or behind its back; the kubelet sends its
-cpuset-only updates; an operator writes a cgroup by hand; the proxy is SIGKILLed and started again
-or sent SIGHUP; the kubelet's static CPU manager gives Guaranteed pods CPUs in its state file, or
-the file is removed or left half-written; containerd restarts, or stalls (SIGSTOP) under a create
-whose deadline passes — in any order hypothesis picks, and on a busy day with a kubelet starting
-containers all the while. After the steps, within a deadline, the proxy must know exactly the
-containers containerd has, with nothing pending, and every running container's cgroup must hold
-what the rules decide (`converge.mismatch`); the proxy must never have logged a traceback and must
-stop cleanly.
+cpuset-only updates; an operator writes a cgroup by hand, or reloads the configuration with other
+reserved or system CPUs (or with a value the proxy must refuse, keeping the running one); the
+proxy is SIGKILLed and started again or sent SIGHUP; the kubelet's static CPU manager gives
+Guaranteed pods CPUs in its state file, or the file is removed or left half-written; containerd
+restarts, or stalls (SIGSTOP) under a create whose deadline passes — in any order hypothesis
+picks, and on a busy day with a kubelet starting containers all the while. After the steps,
+within a deadline, the proxy must know exactly the containers containerd has, with nothing
+pending, every running container's cgroup must hold what the proxy decided, and that must be
+what `cri-proxy plan` decides afresh from the proxy's snapshot (`converge.mismatch`); the proxy
+must never have logged a traceback and must stop cleanly.
 
 CI runs a few fixed days; `CRI_PROXY_CHAOS_EXAMPLES=250` runs more (a few seconds each).
 """
@@ -30,7 +32,7 @@ import pytest
 from conftest import ProxyProcess
 from containerd import CriClient, PrivateContainerd, connect, container_cgroup_file, remove_all_pods
 from converge import mismatch, wait_for
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from kube import QoS, create, pod_sandbox_config
 
@@ -51,10 +53,13 @@ KINDS: dict[str, tuple[QoS, dict[str, str], dict[str, str]]] = {
     "burstable": ("burstable", {}, {}),
     "besteffort": ("besteffort", {}, {}),
     "guaranteed": ("guaranteed", {}, {}),
+    "system": ("burstable", {QOS: "SYSTEM"}, {}),
 }
 EXCLUSIVE = ("lsr", "lse")
 BUSY, BUSY_MOST = "busy", 12  # the names of the busy kubelet's containers, and how many in a day
 STALLED = "stalled"  # the names of the containers created while containerd stalls
+CONFIG = "reconcile_period_seconds = 1.0\nexclusive_wait_seconds = 2.0\n"
+CPUS = ("", "0", "1", "0-1", "2", "one")  # reserved or system CPUs; refused: every CPU reserved, 2, one
 
 Step = tuple[Any, ...]
 VIA = ("proxy", "direct")  # through the proxy, or behind its back
@@ -66,6 +71,7 @@ STEPS: st.SearchStrategy[Step] = st.one_of(
     st.tuples(st.just("drift"), st.integers(0, 9), st.sampled_from(["0", "1", "0-1"])),
     st.tuples(st.sampled_from(["stop-pod", "remove-pod"]), st.integers(0, 9), st.sampled_from(VIA)),
     st.tuples(st.just("stall"), st.integers(0, 9), st.sampled_from([0.5, 1.5])),
+    st.tuples(st.just("config"), st.sampled_from(CPUS), st.sampled_from(CPUS)),
     st.tuples(st.just("kubelet-file"), st.sampled_from(["0", "1", "none", "half-written", "removed"])),
     st.tuples(st.sampled_from(["kill-proxy", "hup-proxy", "restart-containerd"])),
 )
@@ -76,9 +82,9 @@ class Day:
 
     def __init__(self, containerd: PrivateContainerd, name: str) -> None:
         self.containerd = containerd
-        config = containerd.workdir / f"{name}.toml"
-        config.write_text("reconcile_period_seconds = 1.0\nexclusive_wait_seconds = 2.0\n")
-        self.proxy = ProxyProcess(containerd, "--config", str(config), name=name)
+        self.config = containerd.workdir / f"{name}.toml"
+        self.config.write_text(CONFIG)
+        self.proxy = ProxyProcess(containerd, "--config", str(self.config), name=name)
         self.numbers = itertools.count(1)  # names made unique (steps and the busy kubelet alike)
         self.configs: dict[str, tuple[Any, str]] = {}  # sandbox id -> (its config, its kind)
         self.kubelet_file = containerd.workdir / "cpu_manager_state"  # ProxyProcess's --kubelet-state-file
@@ -160,6 +166,8 @@ class Day:
                         assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
                     finally:
                         os.kill(pid, signal.SIGCONT)
+            elif op == "config":
+                self.reload(*args)
             elif op == "kubelet-file":
                 self.write_kubelet_file(args[0], direct)
             elif op == "kill-proxy":
@@ -241,6 +249,21 @@ class Day:
             staged.write_text(json.dumps(self.kubelet or state))
             staged.rename(self.kubelet_file)  # the kubelet's checkpoint is written whole, then renamed
 
+    def reload(self, reserved: str, system: str) -> None:
+        """The operator's SIGHUP after writing `reserved_cpus` and `system_cpus`. Values the node
+        cannot take (every CPU reserved, a CPU it does not have, not a CPU list) are refused, the
+        running configuration kept; the operator then puts the last good file back."""
+        good = self.config.read_text()
+        self.config.write_text(f'{CONFIG}reserved_cpus = "{reserved}"\nsystem_cpus = "{system}"\n')
+        refused = reserved == "0-1" or bool({reserved, system} & {"2", "one"})
+        log, answer = self.proxy.log_path, "reload refused" if refused else "configuration reloaded"
+        before = log.read_text().count(answer)
+        assert self.proxy.proc is not None
+        self.proxy.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: None if log.read_text().count(answer) > before else f"no {answer!r} in the log", 20)
+        if refused:
+            self.config.write_text(good)
+
     def kubelet_set(self, c: v1.Container) -> str:
         """What the kubelet's CPU manager sends a container: its entry, else the shared set."""
         if self.kubelet is None:
@@ -275,6 +298,16 @@ def empty_node(containerd: PrivateContainerd, within: float = 60.0) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # an example takes seconds: no shrinking
+)
+@example(  # a reload the last change of the day: the system pod's CPUs move, nothing else changes
+    first=["ls", "be", "system"],
+    steps=[
+        ("container", 2, True, "proxy"),
+        ("kubelet-update", 0),
+        ("config", "one", "0"),
+        ("config", "", "0"),
+    ],
+    busy=False,
 )
 @given(
     first=st.lists(st.sampled_from(sorted(KINDS)), min_size=2, max_size=4),
