@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from cri_proxy import __version__
+from cri_proxy.exits import exit_process
 
 # command name -> module in cri_proxy.commands
 _COMMANDS = {"serve": "serve", "fake-runtime": "fake_runtime", "plan": "plan", "ctl": "ctl"}
@@ -43,5 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def entry() -> None:
+    """The console script: `main`, then an exit no daemon thread left behind can turn into a crash."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

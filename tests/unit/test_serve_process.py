@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import resource
@@ -38,6 +39,7 @@ from tests.processes import (
     wait_for_socket,
     wait_until,
 )
+from tests.unit.kube_api_server import KubeApiServer
 
 
 @pytest.fixture
@@ -743,3 +745,31 @@ def _has_a_thread_waiting_on_io(pid: int) -> bool:
         return False
     time.sleep(0.3)
     return bool(first & waiting())
+
+
+def test_a_stop_met_by_an_api_answer_exits_0(tmp_path: Path, fake: Path) -> None:
+    """SIGTERM just as the Kubernetes API answers (here the watch opened after the first list,
+    answered 410 Gone at once): the daemon thread that waited for the answer wakes while the
+    interpreter finalizes. Python 3.11 ended it with `pthread_exit`, whose unwinding aborted: the
+    stop exited by SIGABRT, with a core dump (systemd: failed), in 40 stops of 40 here."""
+    with KubeApiServer(node="n1") as api:
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        config = tmp_path / "config.toml"
+        config.write_text(f'[kubernetes]\nenabled = true\nnode_name = "n1"\nkubeconfig = "{kubeconfig}"\n')
+        for n in range(5):
+            api.gone_http_next()
+            log = tmp_path / f"proxy{n}.log"
+            proc, _ = start_proxy(tmp_path, fake, config=config, log=log)
+            try:
+                # the stop as soon as the list is said (polled tightly: the answer comes within ms)
+                listed = functools.partial(_says, log, "Kubernetes API: ")
+                wait_until(listed, 20, "the first list", every=0.001)
+                proc.send_signal(signal.SIGTERM)
+                code = proc.wait(15)
+            finally:
+                stop(proc)
+            assert code == 0, f"stop {n}: exit {code}\n{log.read_text()[-1500:]}"
+
+
+def _says(log: Path, words: str) -> bool:
+    return words in log.read_text()
