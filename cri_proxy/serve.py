@@ -222,12 +222,13 @@ class Proxy:
     async def stop(self) -> None:
         notify("STOPPING=1")
         self._stopping = True  # a SIGHUP now is ignored (removing the handler would let it end us)
-        self.supervisor.stopping()  # the relay's stop closes the runtime channel under the loops' calls
+        self.supervisor.stopping()  # a loop that ends from now on is no failure, nothing restarts
         if self.http is not None:
             await self.http.stop()
-        await self.relay.stop()
+        await self.relay.stop_serving()  # the loops go on meanwhile: a create in its grace may wait on them
         await self.admin.stop(0)
         await self.supervisor.stop()
+        await self.relay.close()  # only now: a loop's call on a closed channel was a false ERROR
         if self.lock.held:
             await self.checkpoints.flush()
         self.lock.release()

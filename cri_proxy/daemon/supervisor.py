@@ -157,8 +157,8 @@ class Supervisor:
 
     # -- stopping ---------------------------------------------------------------------------
     def stopping(self) -> None:
-        """The proxy begins to stop: a task that ends from now on (its channel closed under its
-        call, as the relay's stop does before `stop()`) is not a failure, nor restarted, nor
+        """The proxy begins to stop: a task that ends from now on (a call under it ended by the
+        stop: the runtime gone with it, a socket closed) is not a failure, nor restarted, nor
         logged as an error; nothing new starts."""
         self._stopping = True
 

@@ -171,7 +171,17 @@ class Relay:
         secure_socket(path, SOCKET_MODE, self.config.socket_group, "socket_group")
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop accepting, let in-flight calls finish within the grace, remove the socket."""
+        """`stop_serving`, then `close`."""
+        await self.stop_serving(grace)
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the runtime channel: every call still on it ends (the proxy's own loops use it)."""
+        await self.channel.close(None)
+
+    async def stop_serving(self, grace: float | None = None) -> None:
+        """Stop accepting, let in-flight calls finish within the grace, remove the socket. The
+        runtime channel stays open for the loops that still use it until `close`."""
         if self._stopped.is_set():
             return
         self._stopped.set()
@@ -187,7 +197,6 @@ class Relay:
                     await self.server.stop(grace)
             else:
                 await self.server.stop(grace)
-        await self.channel.close(None)
         self._remove_socket()
         logger.info("cri-proxy stopped")
 
