@@ -202,6 +202,8 @@ class ProxyProcess:
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)  # what it waits on: every stack to its log
+                time.sleep(1)
                 self.proc.kill()
                 self.proc.wait(5)
         return self.proc.returncode

@@ -6,12 +6,16 @@ cpuset-only updates; an operator writes a cgroup by hand, or reloads the configu
 reserved or system CPUs (or with a value the proxy must refuse, keeping the running one); the
 proxy is SIGKILLed and started again or sent SIGHUP; the kubelet's static CPU manager gives
 Guaranteed pods CPUs in its state file, or the file is removed or left half-written; containerd
-restarts, or stalls (SIGSTOP) under a create whose deadline passes — in any order hypothesis
-picks, and on a busy day with a kubelet starting containers all the while. After the steps,
+restarts, or stalls (SIGSTOP) under a create whose deadline passes; on a day the proxy also
+watches the Kubernetes API (the test API server), the scheduler re-binds pods or relabels them
+there (some of it as a malformed annotation, some lost to compaction so that only a re-list sees
+it), pods leave the API, and the API's watches are cut, expire or the server goes down — in any
+order hypothesis picks, and on a busy day with a kubelet starting containers all the while. After the steps,
 within a deadline, the proxy must know exactly the containers containerd has, with nothing
 pending, every running container's cgroup must hold what the proxy decided, and that must be
-what `cri-proxy plan` decides afresh from the proxy's snapshot (`converge.mismatch`); the proxy
-must never have logged a traceback and must stop cleanly.
+what `cri-proxy plan` decides afresh from the proxy's snapshot (`converge.mismatch`); with the
+API, each pod's QoS label and allocation as the API has them now; the proxy must never have logged
+a traceback and must stop cleanly.
 
 CI runs a few fixed days; `CRI_PROXY_CHAOS_EXAMPLES=250` runs more (a few seconds each).
 """
@@ -23,8 +27,11 @@ import itertools
 import json
 import os
 import signal
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -37,6 +44,12 @@ from hypothesis import strategies as st
 from kube import QoS, create, pod_sandbox_config
 
 from cri_api.v1 import api_pb2 as v1
+
+try:
+    from tests.unit.kube_api_server import KubeApiServer
+except ImportError:  # run as `pytest tests/e2e/...` without the repository on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.unit.kube_api_server import KubeApiServer
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +72,9 @@ EXCLUSIVE = ("lsr", "lse")
 BUSY, BUSY_MOST = "busy", 12  # the names of the busy kubelet's containers, and how many in a day
 STALLED = "stalled"  # the names of the containers created while containerd stalls
 CONFIG = "reconcile_period_seconds = 1.0\nexclusive_wait_seconds = 2.0\n"
+NODE = "chaos-node"
+LABELS = ("LS", "BE", "SYSTEM", "")  # what the API's QoS label says (not exclusive: one at a time)
+ALLOCS = ("0", "1", "", "x", "not json")  # what the API's allocation says: a cpuset, none, malformed
 CPUS = ("", "0", "1", "0-1", "2", "one")  # reserved or system CPUs; refused: every CPU reserved, 2, one
 
 Step = tuple[Any, ...]
@@ -74,16 +90,27 @@ STEPS: st.SearchStrategy[Step] = st.one_of(
     st.tuples(st.just("config"), st.sampled_from(CPUS), st.sampled_from(CPUS)),
     st.tuples(st.just("kubelet-file"), st.sampled_from(["0", "1", "none", "half-written", "removed"])),
     st.tuples(st.sampled_from(["kill-proxy", "hup-proxy", "restart-containerd"])),
+    # the Kubernetes API (on a day the proxy watches it): True: the change's event is sent, False:
+    # lost to compaction (the watch then expires: a re-list sees it)
+    st.tuples(st.just("api-label"), st.integers(0, 9), st.sampled_from(LABELS), st.booleans()),
+    st.tuples(st.just("api-alloc"), st.integers(0, 9), st.sampled_from(ALLOCS), st.booleans()),
+    st.tuples(st.just("api-delete"), st.integers(0, 9)),
+    st.tuples(st.just("api"), st.sampled_from(["drop", "expire", "gone-http", "down", "up"])),
 )
 
 
 class Day:
     """One example's node: the proxy in front of containerd, and the steps taken on them."""
 
-    def __init__(self, containerd: PrivateContainerd, name: str) -> None:
+    def __init__(self, containerd: PrivateContainerd, name: str, api: KubeApiServer | None) -> None:
         self.containerd = containerd
+        self.api = api
         self.config = containerd.workdir / f"{name}.toml"
-        self.config.write_text(CONFIG)
+        self.table = ""  # the [kubernetes] table, last in the file (the keys after it are its own)
+        if api is not None:
+            kubeconfig = api.kubeconfig(containerd.workdir / f"{name}.kubeconfig")
+            self.table = f'[kubernetes]\nenabled = true\nnode_name = "{NODE}"\nkubeconfig = "{kubeconfig}"\n'
+        self.config.write_text(CONFIG + self.table)
         self.proxy = ProxyProcess(containerd, "--config", str(self.config), name=name)
         self.numbers = itertools.count(1)  # names made unique (steps and the busy kubelet alike)
         self.configs: dict[str, tuple[Any, str]] = {}  # sandbox id -> (its config, its kind)
@@ -125,6 +152,9 @@ class Day:
                 )
                 sandbox = through.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=config), timeout=30)
                 self.configs[sandbox.pod_sandbox_id] = (config, kind)
+                if self.api is not None:  # the pod as the API has it (put after the kubelet ran it)
+                    meta = config.metadata
+                    self.api.put_pod(meta.name, meta.uid, labels, annotations, namespace=meta.namespace)
                 create(through, (sandbox.pod_sandbox_id, config), "app")
             elif op == "container":
                 pods = self.pods(direct)
@@ -168,6 +198,8 @@ class Day:
                         os.kill(pid, signal.SIGCONT)
             elif op == "config":
                 self.reload(*args)
+            elif op.startswith("api"):
+                self.on_api(op, args, direct)
             elif op == "kubelet-file":
                 self.write_kubelet_file(args[0], direct)
             elif op == "kill-proxy":
@@ -249,12 +281,70 @@ class Day:
             staged.write_text(json.dumps(self.kubelet or state))
             staged.rename(self.kubelet_file)  # the kubelet's checkpoint is written whole, then renamed
 
+    def on_api(self, op: str, args: list[Any], direct: CriClient) -> None:
+        """The scheduler's or the API server's doing; nothing on a day without the API."""
+        api = self.api
+        if api is None:
+            return
+        if op == "api":
+            how = args[0]
+            if how == "drop":
+                api.drop_watches()
+            elif how == "expire":
+                api.expire()
+            elif how == "gone-http":
+                api.gone_http_next()
+            elif how == "down":
+                api.stop()
+            elif how == "up" and not api.running:
+                api.start()  # on the port it had: the kubeconfig names it
+            return
+        uids = [config.metadata.uid for _, config, _ in self.pods(direct)]
+        held = [uid for uid in uids if api.pod(uid) is not None]
+        if not held:
+            return
+        uid = held[args[0] % len(held)]
+        pod = api.pod(uid)
+        assert pod is not None
+        meta = pod["metadata"]
+        if op == "api-delete":
+            api.delete_pod(uid)
+            return
+        emit = args[2]
+        if op == "api-label":
+            labels = {k: v for k, v in meta["labels"].items() if k != QOS}
+            api.label(uid, labels | ({QOS: args[1]} if args[1] else {}), emit=emit)
+        else:
+            cpus = args[1]
+            annotations = {k: v for k, v in meta["annotations"].items() if k != ALLOC}
+            if cpus:
+                annotations[ALLOC] = cpus if cpus == "not json" else json.dumps({"cpuset": cpus})
+            api.annotate(uid, annotations, emit=emit)
+        if not emit:
+            api.expire()  # compaction: the watch is told 410, and a re-list finds the change
+
+    def api_mismatch(self) -> str | None:
+        """A ready pod the API holds whose QoS label or allocation the proxy has not as the API has them."""
+        if self.api is None:
+            return None
+        for pod in self.proxy.ctl_json("snapshot")["pods"]:
+            held = self.api.pod(pod["uid"])
+            if held is None:
+                continue
+            meta = held["metadata"]
+            mine = (pod["labels"].get(QOS), pod["annotations"].get(ALLOC))
+            theirs = (meta["labels"].get(QOS), meta["annotations"].get(ALLOC))
+            if mine != theirs:
+                return f"{pod['namespace']}/{pod['name']}: the proxy has {mine}, the API {theirs}"
+        return None
+
     def reload(self, reserved: str, system: str) -> None:
         """The operator's SIGHUP after writing `reserved_cpus` and `system_cpus`. Values the node
         cannot take (every CPU reserved, a CPU it does not have, not a CPU list) are refused, the
         running configuration kept; the operator then puts the last good file back."""
         good = self.config.read_text()
-        self.config.write_text(f'{CONFIG}reserved_cpus = "{reserved}"\nsystem_cpus = "{system}"\n')
+        cpus = f'reserved_cpus = "{reserved}"\nsystem_cpus = "{system}"\n'
+        self.config.write_text(CONFIG + cpus + self.table)
         refused = reserved == "0-1" or bool({reserved, system} & {"2", "one"})
         log, answer = self.proxy.log_path, "reload refused" if refused else "configuration reloaded"
         before = log.read_text().count(answer)
@@ -299,6 +389,17 @@ def empty_node(containerd: PrivateContainerd, within: float = 60.0) -> None:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # an example takes seconds: no shrinking
 )
+@example(  # the scheduler's changes in the API lost to compaction: only a re-list finds them
+    first=["ls", "be"],
+    steps=[
+        ("container", 0, True, "proxy"),
+        ("api-label", 0, "BE", False),
+        ("api-alloc", 1, "1", False),
+        ("kubelet-update", 0),
+    ],
+    busy=False,
+    api=True,
+)
 @example(  # a reload the last change of the day: the system pod's CPUs move, nothing else changes
     first=["ls", "be", "system"],
     steps=[
@@ -308,20 +409,25 @@ def empty_node(containerd: PrivateContainerd, within: float = 60.0) -> None:
         ("config", "", "0"),
     ],
     busy=False,
+    api=False,
 )
 @given(
     first=st.lists(st.sampled_from(sorted(KINDS)), min_size=2, max_size=4),
     steps=st.lists(STEPS, min_size=4, max_size=20),
     busy=st.booleans(),
+    api=st.booleans(),
 )
 def test_whatever_the_day_brings_the_node_settles_as_decided(
-    containerd: PrivateContainerd, first: list[str], steps: list[Step], busy: bool
+    containerd: PrivateContainerd, first: list[str], steps: list[Step], busy: bool, api: bool
 ) -> None:
     """The node begins with a few pods of the kinds `first` names, then takes `steps`; on a `busy`
-    day a kubelet starts containers all the while."""
-    day = Day(containerd, f"chaos-{time.monotonic_ns()}")
+    day a kubelet starts containers all the while; on an `api` day the proxy watches the API."""
+    server = KubeApiServer(node=NODE).start() if api else None
+    day = Day(containerd, f"chaos-{time.monotonic_ns()}", server)
     day.proxy.start()
-    taken: list[str] = [f"busy={busy}"]
+    if server is not None:  # the API's changes are the day's, not what the proxy's first list finds
+        wait_for(lambda: None if server.open_watches else "the proxy does not watch the API", 20)
+    taken: list[str] = [f"busy={busy}", f"api={api}"]
     stop = threading.Event()
     errors: list[BaseException] = []
     kubelet = threading.Thread(target=day.keep_creating, args=(stop, errors))
@@ -339,18 +445,24 @@ def test_whatever_the_day_brings_the_node_settles_as_decided(
         if kubelet.is_alive():
             kubelet.join(60)
         assert not errors, errors
-        wait_for(lambda: mismatch(day.proxy, containerd))
+        if server is not None and not server.running:
+            server.start()  # back up by the day's end
+        wait_for(lambda: mismatch(day.proxy, containerd) or day.api_mismatch())
         assert day.proxy.stop() == 0, "the proxy did not stop cleanly"
         log = day.proxy.log_path.read_text()
         assert "Traceback" not in log, log[-4000:]
     except BaseException as err:
         log = day.proxy.log_path.read_text() if day.proxy.log_path.exists() else ""
-        raise AssertionError(f"after steps {taken}:\n{err}\nproxy log tail:\n{log[-3000:]}") from err
+        kept = Path(tempfile.gettempdir()) / f"cri-{day.proxy.log_path.name}"  # the bed's dir goes
+        kept.write_text(log)
+        raise AssertionError(f"after steps {taken}:\n{err}\nproxy log ({kept}) tail:\n{log[-3000:]}") from err
     finally:
         stop.set()
         if kubelet.is_alive():
             kubelet.join(60)
         day.proxy.stop()
+        if server is not None:
+            server.stop()
         if not containerd.running:
             containerd.start_daemon()
         empty_node(containerd)

@@ -86,6 +86,10 @@ class KubeApiServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        return self._httpd is not None
+
     def start(self) -> KubeApiServer:
         server = self
 
@@ -205,7 +209,8 @@ class KubeApiServer:
             emit=emit,
         )
 
-    def label(self, uid: str, labels: dict[str, str]) -> None:
+    def label(self, uid: str, labels: dict[str, str], *, emit: bool = True) -> None:
+        """Replace a pod's labels (a MODIFIED event; `emit=False` as for `put_pod`)."""
         meta = self._pods[uid]["metadata"]
         self.put_pod(
             meta["name"],
@@ -214,7 +219,14 @@ class KubeApiServer:
             meta["annotations"],
             namespace=meta["namespace"],
             node=self._pods[uid]["spec"]["nodeName"],
+            emit=emit,
         )
+
+    def pod(self, uid: str) -> dict[str, Any] | None:
+        """A copy of pod `uid` as the API holds it now; None when there is none."""
+        with self._cond:
+            pod = self._pods.get(uid)
+            return copy.deepcopy(pod) if pod is not None else None
 
     def delete_pod(self, uid: str, *, emit: bool = True) -> None:
         """DELETED; `emit=False`: without the event, as if lost to compaction."""
