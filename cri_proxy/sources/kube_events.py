@@ -22,6 +22,8 @@ from typing import Any
 
 from loguru import logger
 
+from cri_proxy.threads import in_daemon_thread
+
 COMPONENT = "cri-proxy"
 SKIPPED_KINDS = frozenset({"api-unreachable", "api-wrong-node", "cpuset-drift", "dry-run"})
 """Not posted: the API is what failed (or its Node is not this one), drift is being repaired,
@@ -217,7 +219,10 @@ Send = Callable[[Create | Patch], Awaitable[None]]
 
 
 def client_sender(get_client: Callable[[], Any], timeout: float = 5.0) -> Send:
-    """Create/Patch through the kubernetes client (in a thread: the client is blocking)."""
+    """Create/Patch through the kubernetes client, in a daemon thread (the client is blocking):
+    an API server that takes the request and answers nothing holds that thread up to `timeout`
+    for each of the client's tries, not the proxy's stop (the loop's default executor is waited
+    for at exit)."""
 
     def call(action: Create | Patch) -> None:
         from kubernetes import client
@@ -246,7 +251,7 @@ def client_sender(get_client: Callable[[], Any], timeout: float = 5.0) -> Send:
         )
 
     async def send(action: Create | Patch) -> None:
-        await asyncio.to_thread(call, action)
+        await in_daemon_thread(lambda: call(action), name="kube-events")
 
     return send
 

@@ -3,13 +3,26 @@ proxy posting to a real HTTP fake API server (tests/unit/kube_api_server.py) wit
 
 from __future__ import annotations
 
+import asyncio
+import select
+import socket
+import time
 from pathlib import Path
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from cri_proxy.sources.kube_events import Correlator, Create, Occurrence, Patch, Target, occurrences, reason
+from cri_proxy.sources.kube_events import (
+    Correlator,
+    Create,
+    Occurrence,
+    Patch,
+    Target,
+    client_sender,
+    occurrences,
+    reason,
+)
 from tests.unit.enforce_support import QOS_LABEL, alloc
 from tests.unit.kube_api_server import KubeApiServer
 from tests.unit.relay_support import run
@@ -186,3 +199,38 @@ def test_the_rbac_example_grants_just_pods_read_and_events_create_patch() -> Non
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules == {(("",), ("pods",)): {"get", "list", "watch"}, (("",), ("events",)): {"create", "patch"}}
+
+
+def test_an_api_server_that_answers_no_post_does_not_hold_the_stop() -> None:
+    """The API server takes the Event's request and answers nothing (a hung apiserver, a load
+    balancer that black-holes it): the post waits out the client's time-out in a thread. The
+    stop (the event loop's end) must not wait with it. Posted from the loop's default executor,
+    the loop's shutdown waited for that thread: here the whole 30 s time-out."""
+    from kubernetes import client
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        configuration.retries = 1
+        api = client.ApiClient(configuration)
+        send = client_sender(lambda: api, timeout=30.0)
+        taken: list[socket.socket] = []
+
+        async def main() -> None:
+            ((_, event),) = Correlator(host="node-1").observe([FULL], 1000.0)
+            posting = asyncio.ensure_future(send(event))
+            ready, _, _ = await asyncio.to_thread(select.select, [silent], [], [], 10)
+            assert ready, "the post never reached the server"
+            taken.append(silent.accept()[0])  # taken, never answered
+            posting.cancel()  # the proxy stops
+
+        began = time.monotonic()
+        try:
+            asyncio.run(main())
+            stopped = time.monotonic() - began
+        finally:
+            for conn in taken:
+                conn.close()
+    assert stopped < 10, f"the stop waited {stopped:.1f} s for the post"
