@@ -10,14 +10,16 @@ restarts, or stalls (SIGSTOP) under a create whose deadline passes; on a day the
 watches the Kubernetes API (the test API server), the scheduler re-binds pods or relabels them
 there (some of it as a malformed annotation, some lost to compaction so that only a re-list sees
 it), pods leave the API, and the API's watches are cut, expire or the server goes down — in any
-order hypothesis picks, and on a busy day with a kubelet starting containers all the while. After the steps,
-within a deadline, the proxy must know exactly the containers containerd has, with nothing
-pending, every running container's cgroup must hold what the proxy decided, and that must be
-what `cri-proxy plan` decides afresh from the proxy's snapshot (`converge.mismatch`); with the
-API, each pod's QoS label and allocation as the API has them now; the proxy must never have logged
-a traceback and must stop cleanly.
+order hypothesis picks, and on a busy day with a kubelet starting containers all the while.
 
-CI runs a few fixed days; `CRI_PROXY_CHAOS_EXAMPLES=250` runs more (a few seconds each).
+After the steps, within a deadline, the proxy must know exactly the containers containerd has,
+with nothing pending, every running container's cgroup must hold what the proxy decided, and
+that must be what `cri-proxy plan` decides afresh from the proxy's snapshot
+(`converge.mismatch`); with the API, each pod's QoS label and allocation as the API has them now;
+the proxy must never have logged a traceback and must stop cleanly.
+
+CI runs four days drawn from a fixed seed and the two written out below;
+`CRI_PROXY_CHAOS_EXAMPLES=250` runs more (a few seconds each).
 """
 
 from __future__ import annotations
