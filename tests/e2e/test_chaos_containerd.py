@@ -289,17 +289,7 @@ class Day:
         if api is None:
             return
         if op == "api":
-            how = args[0]
-            if how == "drop":
-                api.drop_watches()
-            elif how == "expire":
-                api.expire()
-            elif how == "gone-http":
-                api.gone_http_next()
-            elif how == "down":
-                api.stop()
-            elif how == "up" and not api.running:
-                api.start()  # on the port it had: the kubeconfig names it
+            api.fault(args[0])  # "up" on the port it had: the kubeconfig names it
             return
         uids = [config.metadata.uid for _, config, _ in self.pods(direct)]
         held = [uid for uid in uids if api.pod(uid) is not None]

@@ -261,6 +261,23 @@ class KubeApiServer:
         with self._cond:
             self._gone_http += 1
 
+    def fault(self, name: str) -> None:
+        """A fault by name, for the tests' random steps: "drop" (`drop_watches`), "expire",
+        "gone-http" (`gone_http_next`), "bookmark", "down" (`stop`), "up" (`start` on the port
+        it had, when down)."""
+        if name == "up":
+            if not self.running:
+                self.start()
+            return
+        faults = {
+            "drop": self.drop_watches,
+            "expire": self.expire,
+            "gone-http": self.gone_http_next,
+            "bookmark": self.bookmark,
+            "down": self.stop,
+        }
+        faults[name]()
+
     def drop_watches(self) -> int:
         """Cut every open watch in the middle of a chunk; how many were open."""
         with self._cond:

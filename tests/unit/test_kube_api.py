@@ -491,12 +491,8 @@ def test_whatever_the_api_does_the_views_end_as_the_api_has_the_pods(
                         server.expire()
                     elif op == "elsewhere":
                         server.put_pod(f"q{i}", f"uid-q{i}-{n}", LS, node="node-2")
-                    elif op == "drop":
-                        server.drop_watches()
-                    elif op == "bookmark":
-                        server.bookmark()
-                    elif op == "gone-http":
-                        server.gone_http_next()
+                    elif op in ("drop", "bookmark", "gone-http"):
+                        server.fault(op)
                     elif op == "restart":
                         server.stop()
                         await asyncio.sleep(pause)
