@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import sys
 import tempfile
@@ -107,13 +108,16 @@ async def measure(cycles: int, ways: list[tuple[str, float]]) -> dict[tuple[str,
             await asyncio.sleep(0)
         return times
 
-    for i in range(100):
-        await pod(f"node{i}", 10)
-    times: dict[tuple[str, float], list[float]] = {way: [] for way in ways}
-    for i in range(cycles):  # the ways in turns: the machine's moods hit them alike
-        for way, gap in ways:
-            before = (lambda way=way, gap=gap: wait(way, gap)) if way != "none" else None
-            times[way, gap] += await pod(f"{way}{gap}-{i}", 1, before, remove=True)
+    try:
+        for i in range(100):
+            await pod(f"node{i}", 10)
+        times: dict[tuple[str, float], list[float]] = {way: [] for way in ways}
+        for i in range(cycles):  # the ways in turns: the machine's moods hit them alike
+            for way, gap in ways:
+                before = (lambda way=way, gap=gap: wait(way, gap)) if way != "none" else None
+                times[way, gap] += await pod(f"{way}{gap}-{i}", 1, before, remove=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # its state directory only: nothing to read after
     return {way: statistics.median(t) for way, t in times.items()}
 
 
