@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -101,9 +100,9 @@ def mismatch(proxy: ProxyProcess, containerd: PrivateContainerd) -> str | None:
 
 
 def replay(proxy: ProxyProcess, snapshot: Any) -> Any:
-    """`cri-proxy plan --snapshot` on `snapshot`, which must succeed; its decisions as JSON."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-        json.dump(snapshot, file)
-        file.flush()
-        argv = [proxy.args[0], "plan", "--snapshot", file.name]
-        return json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout)
+    """`cri-proxy plan --snapshot -` on `snapshot`, which must succeed; its decisions as JSON."""
+    argv = [proxy.args[0], "plan", "--snapshot", "-"]
+    done = subprocess.run(
+        argv, input=json.dumps(snapshot), capture_output=True, text=True, timeout=30, check=True
+    )
+    return json.loads(done.stdout)
