@@ -1,16 +1,18 @@
 """A node's bad day at random, against the real containerd and runc (2 CPUs).
 
 Pods of every QoS come and go (at most one exclusive pod at a time, on CPU 1); containers are
-created, started, stopped and removed, through the proxy or behind its back; the kubelet sends its
-cpuset-only updates; an operator writes a cgroup by hand, or reloads the configuration with other
-reserved or system CPUs (or with a value the proxy must refuse, keeping the running one); the
-proxy is SIGKILLed and started again or sent SIGHUP; the kubelet's static CPU manager gives
+created, started, stopped and removed, through the proxy or behind its back, or their process is
+killed (as by the OOM killer); the kubelet sends its cpuset-only updates; an operator writes a
+cgroup by hand, or reloads the configuration with other reserved or system CPUs (or with a value
+the proxy must refuse, keeping the running one); the proxy is SIGKILLed and started again (at rest
+or a moment into a create sent through it) or sent SIGHUP; the kubelet's static CPU manager gives
 Guaranteed pods CPUs in its state file, or the file is removed or left half-written; containerd
-restarts, or stalls (SIGSTOP) under a create whose deadline passes; on a day the proxy also
-watches the Kubernetes API (the test API server), the scheduler re-binds pods or relabels them
-there (some of it as a malformed annotation, some lost to compaction so that only a re-list sees
-it), pods leave the API, and the API's watches are cut, expire or the server goes down — in any
-order hypothesis picks, and on a busy day with a kubelet starting containers all the while.
+restarts, crashes (SIGKILL, then started again), or stalls (SIGSTOP) under a create whose deadline
+passes; on a day the proxy also watches the Kubernetes API (the test API server), the scheduler
+re-binds pods or relabels them there (some of it as a malformed annotation, some lost to compaction so
+that only a re-list sees it), pods leave the API, and the API's watches are cut, expire or the
+server goes down — in any order hypothesis picks, and on a busy day with a kubelet starting
+containers all the while.
 
 After the steps, within a deadline, the proxy must know exactly the containers containerd has,
 with nothing pending, every running container's cgroup must hold what the proxy decided, and
@@ -18,7 +20,7 @@ that must be what `cri-proxy plan` decides afresh from the proxy's snapshot
 (`converge.mismatch`); with the API, each pod's QoS label and allocation as the API has them now;
 the proxy must never have logged a traceback and must stop cleanly.
 
-CI runs four days drawn from a fixed seed and the two written out below;
+CI runs four days drawn from a fixed seed and the three written out below;
 `CRI_PROXY_CHAOS_EXAMPLES=250` runs more (a few seconds each).
 """
 
@@ -73,6 +75,7 @@ KINDS: dict[str, tuple[QoS, dict[str, str], dict[str, str]]] = {
 EXCLUSIVE = ("lsr", "lse")
 BUSY, BUSY_MOST = "busy", 12  # the names of the busy kubelet's containers, and how many in a day
 STALLED = "stalled"  # the names of the containers created while containerd stalls
+CUT = "cut"  # the names of the containers whose create the proxy was killed under
 CONFIG = "reconcile_period_seconds = 1.0\nexclusive_wait_seconds = 2.0\n"
 NODE = "chaos-node"
 LABELS = ("LS", "BE", "SYSTEM", "")  # what the API's QoS label says (not exclusive: one at a time)
@@ -87,11 +90,13 @@ STEPS: st.SearchStrategy[Step] = st.one_of(
     st.tuples(st.sampled_from(["start", "stop", "remove"]), st.integers(0, 9), st.sampled_from(VIA)),
     st.tuples(st.just("kubelet-update"), st.integers(0, 9)),
     st.tuples(st.just("drift"), st.integers(0, 9), st.sampled_from(["0", "1", "0-1"])),
+    st.tuples(st.just("oom"), st.integers(0, 9)),
+    st.tuples(st.just("kill-proxy-mid-create"), st.integers(0, 9), st.sampled_from([0.0, 0.003, 0.01, 0.03])),
     st.tuples(st.sampled_from(["stop-pod", "remove-pod"]), st.integers(0, 9), st.sampled_from(VIA)),
     st.tuples(st.just("stall"), st.integers(0, 9), st.sampled_from([0.5, 1.5])),
     st.tuples(st.just("config"), st.sampled_from(CPUS), st.sampled_from(CPUS)),
     st.tuples(st.just("kubelet-file"), st.sampled_from(["0", "1", "none", "half-written", "removed"])),
-    st.tuples(st.sampled_from(["kill-proxy", "hup-proxy", "restart-containerd"])),
+    st.tuples(st.sampled_from(["kill-proxy", "hup-proxy", "restart-containerd", "crash-containerd"])),
     # the Kubernetes API (on a day the proxy watches it): True: the change's event is sent, False:
     # lost to compaction (the watch then expires: a re-list sees it)
     st.tuples(st.just("api-label"), st.integers(0, 9), st.sampled_from(LABELS), st.booleans()),
@@ -129,10 +134,12 @@ class Day:
     def containers(self, cri: CriClient, *states: int) -> list[v1.Container]:
         """The steps' containers in `states`, oldest first. Not the busy kubelet's, whose create and
         start it alone sends (containerd refuses a remove while a start is under way); nor those
-        whose create failed at its deadline: the kubelet never learns their ids (containerd may
-        have made one all the same, and half: its start fails on the sandbox's namespaces)."""
+        whose create failed at its deadline or lost the proxy under it: the kubelet never learns
+        their ids (containerd may have made one all the same, and half: its start fails on the
+        sandbox's namespaces; or its start, cut with the proxy, is still "in starting state")."""
         listed = cri.runtime.ListContainers(v1.ListContainersRequest(), timeout=30).containers
-        mine = (c for c in listed if c.state in states and not c.metadata.name.startswith((BUSY, STALLED)))
+        theirs = (BUSY, STALLED, CUT)
+        mine = (c for c in listed if c.state in states and not c.metadata.name.startswith(theirs))
         return sorted(mine, key=lambda c: (c.created_at, c.id))
 
     def take(self, step: Step) -> None:
@@ -164,11 +171,12 @@ class Day:
                     sandbox_id, config, _ = pods[args[0] % len(pods)]
                     cri = through if args[2] == "proxy" else direct
                     create(cri, (sandbox_id, config), f"c{next(self.numbers)}", start=args[1])
-            elif op in ("start", "stop", "remove", "kubelet-update", "drift"):
+            elif op in ("start", "stop", "remove", "kubelet-update", "drift", "oom"):
                 states = {
                     "start": (v1.CONTAINER_CREATED,),
                     "stop": (v1.CONTAINER_RUNNING,),
                     "drift": (v1.CONTAINER_RUNNING,),
+                    "oom": (v1.CONTAINER_RUNNING,),
                 }.get(op, live)
                 found = self.containers(direct, *states)
                 if op == "start":  # as the kubelet: only in a pod still ready (else the runtime refuses)
@@ -198,6 +206,11 @@ class Day:
                         assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, raised.value
                     finally:
                         os.kill(pid, signal.SIGCONT)
+            elif op == "kill-proxy-mid-create":
+                pods = self.pods(direct)
+                if pods:
+                    sandbox_id, config, _ = pods[args[0] % len(pods)]
+                    self.kill_proxy_under(through, (sandbox_id, config), args[1])
             elif op == "config":
                 self.reload(*args)
             elif op.startswith("api"):
@@ -212,6 +225,9 @@ class Day:
                 self.proxy.proc.send_signal(signal.SIGHUP)
             elif op == "restart-containerd":
                 self.containerd.restart()
+            elif op == "crash-containerd":  # killed (the OOM killer, a panic), then started again
+                self.containerd.kill()
+                self.containerd.start_daemon()
 
     def on_container(self, cri: CriClient, c: v1.Container, op: str, *args: Any) -> None:
         rt = cri.runtime
@@ -227,12 +243,51 @@ class Day:
                 container_id=c.id, linux=v1.LinuxContainerResources(cpuset_cpus=self.kubelet_set(c))
             )
             rt.UpdateContainerResources(update, timeout=30)
+        elif op == "oom":  # the container's process killed behind everyone's back: it exits
+            status = v1.ContainerStatusRequest(container_id=c.id, verbose=True)
+            verbose = rt.ContainerStatus(status, timeout=30)
+            with contextlib.suppress(KeyError, ValueError, ProcessLookupError):
+                os.kill(int(json.loads(verbose.info["info"])["pid"]), signal.SIGKILL)
+            # the next step comes once containerd has seen the exit (a call to the container in
+            # between is answered "ttrpc: closed", directly too, as the kubelet's would be)
+            exited = v1.ContainerStatusRequest(container_id=c.id)
+            wait_for(
+                lambda: (
+                    None
+                    if rt.ContainerStatus(exited, timeout=30).status.state == v1.CONTAINER_EXITED
+                    else "containerd has not seen the exit"
+                ),
+                10,
+            )
         elif op == "drift":  # an operator's echo into the cgroup, behind containerd's back
             parent = self.parent_of(c)
             if parent is not None:
                 # it may have exited meanwhile, or the set is not within its pod's: as by hand
                 with contextlib.suppress(OSError):
                     container_cgroup_file(parent, c.id, "cpuset.cpus").write_text(args[0])
+
+    def kill_proxy_under(self, through: CriClient, pod: tuple[str, Any], after: float) -> None:
+        """SIGKILL the proxy `after` seconds into a create (and start) sent through it, then start
+        it again: containerd may make the container all the same, which the proxy then finds."""
+        answered: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                create(through, pod, f"{CUT}{next(self.numbers)}")
+                answered.append(None)
+            except grpc.RpcError as err:
+                answered.append(err)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(after)
+        self.proxy.kill()
+        caller.join(60)
+        assert answered, "a call through a proxy that was killed got no answer"
+        err = answered[0]
+        if isinstance(err, grpc.RpcError):  # the connection went with the proxy
+            assert err.code() is grpc.StatusCode.UNAVAILABLE, err
+        self.proxy.start()
 
     def keep_creating(self, stop: threading.Event, errors: list[BaseException]) -> None:
         """A kubelet starting containers all day through the proxy, up to BUSY_MOST, in an LS pod
@@ -391,6 +446,19 @@ def empty_node(containerd: PrivateContainerd, within: float = 60.0) -> None:
     ],
     busy=False,
     api=True,
+)
+@example(  # the proxy killed under creates, a container's process killed, containerd crashed
+    first=["ls", "lsr"],
+    steps=[
+        ("kill-proxy-mid-create", 0, 0.005),
+        ("container", 1, True, "proxy"),
+        ("oom", 0),
+        ("kill-proxy-mid-create", 1, 0.02),
+        ("crash-containerd",),
+        ("kubelet-update", 0),
+    ],
+    busy=False,
+    api=False,
 )
 @example(  # a reload the last change of the day: the system pod's CPUs move, nothing else changes
     first=["ls", "be", "system"],
