@@ -10,6 +10,11 @@ def merge_linux_resources(current: Any, update: Any) -> None:
 
     This is containerd's rule for UpdateContainerResources, and what kubelet relies on when its
     static CPU manager sends only `cpuset_cpus`. `unified` entries merge key by key.
+
+    One field goes with another: a memory limit sent without a swap limit leaves the swap limit
+    to the runtime (containerd sets it to the new memory limit), so the one known is dropped. Kept,
+    it would go with the new limit (a kubelet's resize up, once the proxy has learned the swap limit
+    from ContainerStatus), and runc would refuse a memory limit above the memory+swap limit.
     """
     for fd, value in update.ListFields():
         if fd.name == "unified":
@@ -21,3 +26,5 @@ def merge_linux_resources(current: Any, update: Any) -> None:
             getattr(current, fd.name).CopyFrom(value)
         else:
             setattr(current, fd.name, value)
+    if update.memory_limit_in_bytes and not update.memory_swap_limit_in_bytes:
+        current.memory_swap_limit_in_bytes = 0

@@ -24,9 +24,9 @@ from typing import Any
 import grpc
 import pytest
 from conftest import ProxyProcess
-from containerd import CriClient, PrivateContainerd, connect, read_container_cpuset
+from containerd import CriClient, PrivateContainerd, connect, container_cgroup_file, read_container_cpuset
 from converge import mismatch, wait_for
-from kube import create, pod_sandbox_config, start_pod
+from kube import create, linux_resources, pod_sandbox_config, start_pod
 
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.enforce import lenient
@@ -130,6 +130,52 @@ def test_containers_created_or_exiting_behind_the_proxys_back(
     assert (rows[sneaky]["state"], rows[sneaky]["decided"]) == ("running", "0")  # adopted, moved
     assert rows[brief]["state"] == "exited"
     assert read_container_cpuset(ls[1].linux.cgroup_parent, web) == "0"
+
+
+def test_a_resize_of_a_container_learned_from_containerd_lands_as_it_does_directly(
+    containerd: PrivateContainerd, proxy: ProxyProcess
+) -> None:
+    """The kubelet's in-place resize (every resource, a new memory limit, no swap limit: as the
+    kubelet sends it on cgroup v2, or before 1.28 on v1) of a container the proxy learned from
+    containerd (adopted here; after a restart alike): containerd's ContainerStatus reports the swap
+    limit containerd set itself (the memory limit, 64 MiB), which the new limit must not be sent
+    with. Through the proxy as directly, on a twin container: the same memory and swap limits,
+    also once the proxy has repaired the container's cpuset with every resource it knows."""
+    with connect(containerd.address) as direct:
+        config = pod_sandbox_config(v1, "resized", qos="guaranteed", log_root=containerd.pod_log_dir)
+        run = direct.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=config), timeout=30)
+        pod = (run.pod_sandbox_id, config)
+        mine, twin = create(direct, pod, "mine"), create(direct, pod, "twin")  # 64 MiB each
+
+    def adopted() -> str | None:
+        rows = {row["id"]: row for row in proxy.ctl_json("cpusets", "-o", "json")}
+        return None if rows.get(mine, {}).get("decided") is not None else "not adopted yet"
+
+    wait_for(adopted)
+    resize = v1.UpdateContainerResourcesRequest(
+        linux=linux_resources(v1, "guaranteed", memory_limit=96 << 20)
+    )
+    resize.container_id = mine
+    with connect(proxy.address) as through:
+        through.runtime.UpdateContainerResources(resize, timeout=30)  # before: EINVAL from runc
+    resize.container_id = twin
+    with connect(containerd.address) as direct:
+        direct.runtime.UpdateContainerResources(resize, timeout=30)
+
+    def limits(cid: str) -> dict[str, str]:
+        names = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")  # memsw: with swap accounting
+        files = {
+            name: container_cgroup_file(config.linux.cgroup_parent, cid, name, "memory") for name in names
+        }
+        return {name: path.read_text().strip() for name, path in files.items() if path.exists()}
+
+    assert limits(mine) == limits(twin) and limits(mine)["memory.limit_in_bytes"] == str(96 << 20)
+    container_cgroup_file(config.linux.cgroup_parent, mine, "cpuset.cpus").write_text("0")  # by hand
+    wait_for(
+        lambda: None if read_container_cpuset(config.linux.cgroup_parent, mine) == "0-1" else "not repaired"
+    )
+    wait_for(lambda: mismatch(proxy, containerd))
+    assert limits(mine) == limits(twin)  # the repair sent the resize's limits, not the ones it learned
 
 
 def test_proxy_sigkilled_while_creates_are_in_flight(
