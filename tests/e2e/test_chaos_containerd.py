@@ -2,23 +2,23 @@
 
 Pods of every QoS come and go (at most one exclusive pod at a time, on CPU 1); containers are
 created, started, stopped and removed, through the proxy or behind its back, or their process is
-killed (as by the OOM killer); the kubelet sends its cpuset-only updates; an operator writes a
-cgroup by hand, or reloads the configuration with other reserved or system CPUs (or with a value
-the proxy must refuse, keeping the running one); the proxy is SIGKILLed and started again (at rest
-or a moment into a create sent through it) or sent SIGHUP; the kubelet's static CPU manager gives
-Guaranteed pods CPUs in its state file, or the file is removed or left half-written; containerd
-restarts, crashes (SIGKILL, then started again), or stalls (SIGSTOP) under a create whose deadline
-passes; on a day the proxy also watches the Kubernetes API (the test API server), the scheduler
-re-binds pods or relabels them there (some of it as a malformed annotation, some lost to compaction so
-that only a re-list sees it), pods leave the API, and the API's watches are cut, expire or the
-server goes down — in any order hypothesis picks, and on a busy day with a kubelet starting
-containers all the while.
+killed (as by the OOM killer); the kubelet sends its cpuset-only updates and its in-place resizes
+(a new memory limit); an operator writes a cgroup by hand, or reloads the configuration with other
+reserved or system CPUs (or with a value the proxy must refuse, keeping the running one); the proxy
+is SIGKILLed and started again (at rest or a moment into a create sent through it) or sent SIGHUP;
+the kubelet's static CPU manager gives Guaranteed pods CPUs in its state file, or the file is
+removed or left half-written; containerd restarts, crashes (SIGKILL, then started again), or stalls
+(SIGSTOP) under a create whose deadline passes; on a day the proxy also watches the Kubernetes API
+(the test API server), the scheduler re-binds pods or relabels them there (some of it as a
+malformed annotation, some lost to compaction so that only a re-list sees it), pods leave the API,
+and the API's watches are cut, expire or the server goes down — in any order hypothesis picks, and
+on a busy day with a kubelet starting containers all the while.
 
-After the steps, within a deadline, the proxy must know exactly the containers containerd has,
-with nothing pending, every running container's cgroup must hold what the proxy decided, and
-that must be what `cri-proxy plan` decides afresh from the proxy's snapshot
-(`converge.mismatch`); with the API, each pod's QoS label and allocation as the API has them now;
-the proxy must never have logged a traceback and must stop cleanly.
+After the steps, within a deadline, the proxy must know exactly the containers containerd has, with
+nothing pending, every running container's cgroup must hold what the proxy decided (and the memory
+limit the kubelet's last resize set), and that must be what `cri-proxy plan` decides afresh from
+the proxy's snapshot (`converge.mismatch`); with the API, each pod's QoS label and allocation as
+the API has them now; the proxy must never have logged a traceback and must stop cleanly.
 
 CI runs four days drawn from a fixed seed and the three written out below;
 `CRI_PROXY_CHAOS_EXAMPLES=250` runs more (a few seconds each).
@@ -45,7 +45,7 @@ from containerd import CriClient, PrivateContainerd, connect, container_cgroup_f
 from converge import mismatch, wait_for
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from kube import QoS, create, pod_sandbox_config
+from kube import QoS, create, linux_resources, pod_sandbox_config
 
 from cri_api.v1 import api_pb2 as v1
 
@@ -89,6 +89,7 @@ STEPS: st.SearchStrategy[Step] = st.one_of(
     st.tuples(st.just("container"), st.integers(0, 9), st.booleans(), st.sampled_from(VIA)),
     st.tuples(st.sampled_from(["start", "stop", "remove"]), st.integers(0, 9), st.sampled_from(VIA)),
     st.tuples(st.just("kubelet-update"), st.integers(0, 9)),
+    st.tuples(st.just("resize"), st.integers(0, 9), st.sampled_from([48, 64, 96])),
     st.tuples(st.just("drift"), st.integers(0, 9), st.sampled_from(["0", "1", "0-1"])),
     st.tuples(st.just("oom"), st.integers(0, 9)),
     st.tuples(st.just("kill-proxy-mid-create"), st.integers(0, 9), st.sampled_from([0.0, 0.003, 0.01, 0.03])),
@@ -123,6 +124,7 @@ class Day:
         self.configs: dict[str, tuple[Any, str]] = {}  # sandbox id -> (its config, its kind)
         self.kubelet_file = containerd.workdir / "cpu_manager_state"  # ProxyProcess's --kubelet-state-file
         self.kubelet: dict[str, Any] | None = None  # the static policy's state as last written whole
+        self.memory: dict[str, int] = {}  # container id -> the memory limit its last resize set
 
     def pods(self, cri: CriClient) -> list[tuple[str, Any, str]]:
         """(id, config, kind) of the ready pods, oldest first: indexes in the steps pick among them."""
@@ -171,7 +173,7 @@ class Day:
                     sandbox_id, config, _ = pods[args[0] % len(pods)]
                     cri = through if args[2] == "proxy" else direct
                     create(cri, (sandbox_id, config), f"c{next(self.numbers)}", start=args[1])
-            elif op in ("start", "stop", "remove", "kubelet-update", "drift", "oom"):
+            elif op in ("start", "stop", "remove", "kubelet-update", "resize", "drift", "oom"):
                 states = {
                     "start": (v1.CONTAINER_CREATED,),
                     "stop": (v1.CONTAINER_RUNNING,),
@@ -243,6 +245,17 @@ class Day:
                 container_id=c.id, linux=v1.LinuxContainerResources(cpuset_cpus=self.kubelet_set(c))
             )
             rt.UpdateContainerResources(update, timeout=30)
+        elif op == "resize":  # the kubelet's in-place resize: every resource, the memory limit new
+            known = self.configs.get(c.pod_sandbox_id)
+            qos = KINDS[known[1]][0] if known is not None else "besteffort"
+            if qos == "besteffort":
+                return  # no resize changes a pod's QoS class
+            linux = linux_resources(v1, qos, memory_limit=args[0] << 20, cpuset_cpus=self.kubelet_set(c))
+            self.memory.pop(c.id, None)  # not known until answered (it may land all the same)
+            rt.UpdateContainerResources(
+                v1.UpdateContainerResourcesRequest(container_id=c.id, linux=linux), timeout=30
+            )
+            self.memory[c.id] = args[0] << 20
         elif op == "oom":  # the container's process killed behind everyone's back: it exits
             status = v1.ContainerStatusRequest(container_id=c.id, verbose=True)
             verbose = rt.ContainerStatus(status, timeout=30)
@@ -370,6 +383,23 @@ class Day:
         if not emit:
             api.expire()  # compaction: the watch is told 410, and a re-list finds the change
 
+    def memory_mismatch(self, direct: CriClient) -> str | None:
+        """A running container whose memory limit is not what the kubelet's last resize set: the
+        proxy's own updates (its moves, its repairs, after a restart too) carry every resource,
+        and must carry the kubelet's latest, not what the proxy knew before."""
+        for c in self.containers(direct, v1.CONTAINER_RUNNING):
+            want, parent = self.memory.get(c.id), self.parent_of(c)
+            if want is None or parent is None:
+                continue
+            path = container_cgroup_file(parent, c.id, "memory.limit_in_bytes", controller="memory")
+            try:
+                have = int(path.read_text())
+            except (OSError, ValueError):
+                continue  # it exited meanwhile
+            if have != want:
+                return f"{c.metadata.name}: memory.limit_in_bytes {have}, the kubelet's resize set {want}"
+        return None
+
     def api_mismatch(self) -> str | None:
         """A ready pod the API holds whose QoS label or allocation the proxy has not as the API has them."""
         if self.api is None:
@@ -447,7 +477,7 @@ def empty_node(containerd: PrivateContainerd, within: float = 60.0) -> None:
     busy=False,
     api=True,
 )
-@example(  # the proxy killed under creates, a container's process killed, containerd crashed
+@example(  # the proxy killed under creates, a process killed, containerd crashed, a resize kept
     first=["ls", "lsr"],
     steps=[
         ("kill-proxy-mid-create", 0, 0.005),
@@ -456,6 +486,8 @@ def empty_node(containerd: PrivateContainerd, within: float = 60.0) -> None:
         ("kill-proxy-mid-create", 1, 0.02),
         ("crash-containerd",),
         ("kubelet-update", 0),
+        ("resize", 0, 96),  # the LSR pod's container (64 MiB at its create): its repair keeps 96
+        ("drift", 0, "0-1"),
     ],
     busy=False,
     api=False,
@@ -507,7 +539,10 @@ def test_whatever_the_day_brings_the_node_settles_as_decided(
         assert not errors, errors
         if server is not None and not server.running:
             server.start()  # back up by the day's end
-        wait_for(lambda: mismatch(day.proxy, containerd) or day.api_mismatch())
+        with connect(containerd.address) as direct:
+            wait_for(
+                lambda: mismatch(day.proxy, containerd) or day.api_mismatch() or day.memory_mismatch(direct)
+            )
         assert day.proxy.stop() == 0, "the proxy did not stop cleanly"
         log = day.proxy.log_path.read_text()
         assert "Traceback" not in log, log[-4000:]
