@@ -36,7 +36,7 @@ from cri_proxy.daemon.stacks import stacks_text
 from cri_proxy.daemon.supervisor import Supervisor
 from cri_proxy.daemon.topology_watch import Seen, TopologyWatch
 from cri_proxy.endpoints import prepare_listen_socket, socket_path
-from cri_proxy.enforce.actual import actual_reader
+from cri_proxy.enforce.actual import actual_reader, resources_reader
 from cri_proxy.enforce.hooks import EnforceHooks
 from cri_proxy.enforce.introspect import Introspection
 from cri_proxy.enforce.observe import cgroup_first, runtime_observer, status_reader
@@ -110,6 +110,7 @@ class Proxy:
             self.settings.get,
             read_actual=actual_reader(self.state, cgroups, self.relay.channel),
             sync=self.syncer.periodic,
+            runtime_resources=resources_reader(self.relay.channel),
         )
         self.introspection.reconciler = self.reconciler
         self.hooks = EnforceHooks(

@@ -1,7 +1,8 @@
 """Desired vs applied: send UpdateContainerResources where the decision moved.
 
 One pass at a time; requests that arrive during a pass coalesce into one more pass. Each update
-carries the container's full last-known resources with only `cpuset_cpus` replaced. Bounded
+carries the container's full last-known resources with only `cpuset_cpus` replaced, known as the
+runtime holds them just before (a change made at the runtime directly is kept, not undone). Bounded
 concurrency, retries with back-off for transient errors, NOT_FOUND drops the container, and a
 periodic pass first merges the runtime's listing into the state (containers created or exited
 behind the proxy's back), then repairs drift: what each container's cgroup really has, never what
@@ -27,10 +28,11 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from cri_api.v1 import api_pb2 as v1
 from cri_proxy.config import Config
 from cri_proxy.cpu import Plan, ProblemKind
-from cri_proxy.enforce.actual import ReadActual, Reading
+from cri_proxy.enforce.actual import ReadActual, Reading, RuntimeResources
 from cri_proxy.enforce.naming import about
 from cri_proxy.enforce.policy import Policy
 from cri_proxy.state.model import ACTUAL_CGROUP, UPDATABLE_STATES, ContainerRecord, ContainerState, NodeState
+from cri_proxy.state.resources import merge_linux_resources
 
 __all__ = ["PassResult", "Reconciler", "Totals", "channel_sender"]
 
@@ -90,6 +92,7 @@ class Reconciler:
         retry_wait: float = 0.1,
         read_actual: ReadActual | None = None,
         sync: Sync | None = None,
+        runtime_resources: RuntimeResources | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
@@ -99,6 +102,7 @@ class Reconciler:
         self.retry_wait = retry_wait  # the first retry's wait, doubling up to 2 s
         self.read_actual = read_actual
         self.sync = sync
+        self.runtime_resources = runtime_resources
         self.totals = Totals()
         self._sending: dict[str, int] = {}  # container id -> updates in flight
         # containers this process created whose cgroup has what their create set, no update sent to
@@ -373,12 +377,12 @@ class Reconciler:
 
     async def _update(self, c: ContainerRecord, want: str, result: PassResult) -> None:
         log, who = about(self.state, c)
-        resources = c.linux_resources()
-        resources.cpuset_cpus = want
-        body = resources.SerializeToString()
         self.updating(c.id)
         self._sending[c.id] = self._sending.get(c.id, 0) + 1
         try:
+            resources = await self._resources_now(c)
+            resources.cpuset_cpus = want
+            body = resources.SerializeToString()
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.attempts),
                 wait=wait_exponential(multiplier=self.retry_wait, max=2.0),
@@ -423,6 +427,36 @@ class Reconciler:
                 self._retry_later(c.id)
             else:
                 self._not_taken.pop(c.id, None)
+
+    async def _resources_now(self, c: ContainerRecord) -> Any:
+        """The proxy's copy of `c`'s resources, what the runtime holds now winning where it says: a
+        limit changed at the runtime directly (`crictl update --memory` on its socket) is sent as
+        it is there, not put back. Raises NOT_FOUND; any other error leaves the copy as it is."""
+        resources = c.linux_resources()
+        if self.runtime_resources is None:
+            return resources
+        try:
+            theirs = await self.runtime_resources(c)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                raise
+            return resources  # the update itself says what is wrong with the runtime
+        if theirs is None:
+            return resources
+        held = v1.LinuxContainerResources.FromString(theirs)
+        changed = [
+            f"{fd.name} {getattr(resources, fd.name)} -> {value}"
+            for fd, value in held.ListFields()
+            if fd.message_type is None
+            and not fd.is_repeated
+            and fd.name != "cpuset_cpus"
+            and getattr(resources, fd.name) not in (0, "", value)
+        ]
+        if changed:
+            log, who = about(self.state, c)
+            log.info("{}: changed at the runtime directly, kept: {}", who, ", ".join(changed))
+        merge_linux_resources(resources, held)
+        return resources
 
     def _retry_later(self, container_id: str) -> None:
         """Ask for another pass soon, backing off per container (0.5 s, 1 s, ... up to the period),

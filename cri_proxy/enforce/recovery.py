@@ -211,7 +211,7 @@ def _with_status(
     state = _STATES.get(status.state)
     if state is None:
         return record
-    resources, applied = _resources(status)
+    resources, applied = status_resources(status)
     if resources is None:
         if old is not None:
             resources, applied = old.resources, old.applied
@@ -224,7 +224,7 @@ def _with_status(
     return replace(record, state=state, resources=resources, applied=applied)
 
 
-def _resources(status: Any) -> tuple[bytes | None, str | None]:
+def status_resources(status: Any) -> tuple[bytes | None, str | None]:
     """(LinuxContainerResources wire bytes, canonical cpuset) from a lenient ContainerStatus."""
     if not status.HasField("resources") or not status.resources.HasField("linux"):
         return None, None

@@ -178,6 +178,34 @@ def test_a_resize_of_a_container_learned_from_containerd_lands_as_it_does_direct
     assert limits(mine) == limits(twin)  # the repair sent the resize's limits, not the ones it learned
 
 
+def test_a_limit_changed_at_containerd_directly_is_not_undone_by_the_proxy(
+    containerd: PrivateContainerd, proxy: ProxyProcess
+) -> None:
+    """An operator's `crictl update --memory` on containerd's own socket, behind the proxy's back:
+    the proxy's next update of that container (here the repair of its cpuset, written by hand)
+    carries every resource, and must carry the limit containerd holds now, not put back the one
+    the proxy knew from the create."""
+    with connect(proxy.address) as through:
+        config = pod_sandbox_config(v1, "changed", qos="guaranteed", log_root=containerd.pod_log_dir)
+        run = through.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=config), timeout=30)
+        cid = create(through, (run.pod_sandbox_id, config), "app")  # 64 MiB
+    parent = config.linux.cgroup_parent
+    memory = container_cgroup_file(parent, cid, "memory.limit_in_bytes", "memory")
+    with connect(containerd.address) as direct:  # what crictl update --memory 48Mi sends
+        update = v1.LinuxContainerResources(memory_limit_in_bytes=48 << 20)
+        direct.runtime.UpdateContainerResources(
+            v1.UpdateContainerResourcesRequest(container_id=cid, linux=update), timeout=30
+        )
+    assert memory.read_text().strip() == str(48 << 20)
+    container_cgroup_file(parent, cid, "cpuset.cpus").write_text("0")  # by hand: the proxy repairs it
+    wait_for(lambda: None if read_container_cpuset(parent, cid) == "0-1" else "not repaired")
+    assert memory.read_text().strip() == str(48 << 20)  # before: 64 MiB, the create's, put back
+    kept = [
+        line for line in proxy.log_path.read_text().splitlines() if "changed at the runtime directly" in line
+    ]
+    assert kept and f"memory_limit_in_bytes {64 << 20} -> {48 << 20}" in kept[-1], kept
+
+
 def test_proxy_sigkilled_while_creates_are_in_flight(
     containerd: PrivateContainerd, proxy: ProxyProcess
 ) -> None:

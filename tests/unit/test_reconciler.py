@@ -555,3 +555,43 @@ def test_whatever_happens_one_settled_pass_leaves_every_container_as_decided(
                 await task
 
     run(main())
+
+
+def test_an_update_carries_what_the_runtime_holds_now_where_it_was_changed_directly() -> None:
+    """`crictl update --memory` on the runtime's own socket: the proxy's next update of that
+    container carries the runtime's limit (and containerd's own swap limit), not its older copy;
+    a container the runtime no longer has is forgotten, and a runtime that does not answer the
+    status leaves the copy as it is (the update then says what is wrong)."""
+    changed = v1.LinuxContainerResources()
+    changed.CopyFrom(FULL)
+    changed.memory_limit_in_bytes = changed.memory_swap_limit_in_bytes = 512 << 20
+    answers: dict[str, Any] = {"c0": changed.SerializeToString(), "c1": None}
+    answers |= {"c2": rpc_error(grpc.StatusCode.NOT_FOUND), "c3": rpc_error(grpc.StatusCode.UNAVAILABLE)}
+
+    async def held(c: ContainerRecord) -> bytes | None:
+        answer = answers[c.id]
+        if isinstance(answer, grpc.aio.AioRpcError):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    async def main() -> None:
+        state = node_with(4)
+        send = Recorder()
+        result = await reconciler(state, send, runtime_resources=held).pass_once()
+        assert (result.updated, result.dropped) == (3, 1) and state.container("c2") is None
+        sent = {cid: linux for cid, linux in send.calls}
+        assert set(sent) == {"c0", "c1", "c3"}
+        assert (sent["c0"].memory_limit_in_bytes, sent["c0"].memory_swap_limit_in_bytes) == (
+            512 << 20,
+            512 << 20,
+        )
+        assert (sent["c0"].cpu_shares, sent["c0"].cpuset_cpus) == (
+            512,
+            "2-15",
+        )  # the rest as known, the decision
+        for cid in ("c1", "c3"):  # nothing said, or no answer: the copy
+            assert (sent[cid].memory_limit_in_bytes, sent[cid].cpuset_cpus) == (1 << 30, "2-15")
+        record = state.container("c0")
+        assert record is not None and record.linux_resources().memory_limit_in_bytes == 512 << 20
+
+    run(main())
