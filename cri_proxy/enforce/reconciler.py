@@ -43,6 +43,13 @@ SendUpdate = Callable[[ContainerRecord, bytes], Awaitable[None]]
 Sync = Callable[[], Awaitable[object]]
 """Merge the runtime's listing into the state (the periodic pass's cheap ListContainers diff)."""
 
+ASKS = 16
+"""ContainerStatus calls at once in a pass: each update's ask of what the runtime holds goes ahead of
+the updates' gate, so the asks overlap the updates rather than lengthen each."""
+
+Held = bytes | grpc.aio.AioRpcError | None
+"""What the runtime said it holds for a container: resources, its error, or nothing (not asked)."""
+
 FRESH_KEPT = 4096
 """Containers created with no update since that are remembered at most (`Reconciler.created`)."""
 
@@ -359,11 +366,19 @@ class Reconciler:
                 log.info("dry-run: would update {} cpuset {!r} -> {!r}", who, c.applied, want)
             result.would_update = len(todo)
             return result
-        gate = asyncio.Semaphore(self.concurrency)
+        gate, asks = asyncio.Semaphore(self.concurrency), asyncio.Semaphore(ASKS)
 
         async def one(c: ContainerRecord, want: str) -> None:
+            async with asks:
+                asked = self.state.container(c.id)
+                held = await self._ask(c)
             async with gate:
-                await self._update(c, want, result)
+                now = self.state.container(c.id)  # an update through the proxy may have come meanwhile
+                if now is None:
+                    return  # removed meanwhile
+                if asked is None or now.resources != asked.resources:
+                    held = None  # the copy is newer than the runtime's answer
+                await self._update(now, want, result, held)
 
         await asyncio.gather(*(one(c, want) for c, want in todo))
         self.totals.updated += result.updated
@@ -375,12 +390,12 @@ class Reconciler:
         self._report_overlaps()
         return result
 
-    async def _update(self, c: ContainerRecord, want: str, result: PassResult) -> None:
+    async def _update(self, c: ContainerRecord, want: str, result: PassResult, held: Held) -> None:
         log, who = about(self.state, c)
         self.updating(c.id)
         self._sending[c.id] = self._sending.get(c.id, 0) + 1
         try:
-            resources = await self._resources_now(c)
+            resources = self._resources_now(c, held)
             resources.cpuset_cpus = want
             body = resources.SerializeToString()
             async for attempt in AsyncRetrying(
@@ -428,25 +443,30 @@ class Reconciler:
             else:
                 self._not_taken.pop(c.id, None)
 
-    async def _resources_now(self, c: ContainerRecord) -> Any:
-        """The proxy's copy of `c`'s resources, what the runtime holds now winning where it says: a
+    async def _ask(self, c: ContainerRecord) -> Held:
+        """What the runtime holds for `c` now, or its error (the update handles it)."""
+        if self.runtime_resources is None:
+            return None
+        try:
+            return await self.runtime_resources(c)
+        except grpc.aio.AioRpcError as exc:
+            return exc
+
+    def _resources_now(self, c: ContainerRecord, held: Held) -> Any:
+        """The proxy's copy of `c`'s resources, what the runtime `held` winning where it says: a
         limit changed at the runtime directly (`crictl update --memory` on its socket) is sent as
         it is there, not put back. Raises NOT_FOUND; any other error leaves the copy as it is."""
         resources = c.linux_resources()
-        if self.runtime_resources is None:
-            return resources
-        try:
-            theirs = await self.runtime_resources(c)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() is grpc.StatusCode.NOT_FOUND:
-                raise
+        if isinstance(held, grpc.aio.AioRpcError):
+            if held.code() is grpc.StatusCode.NOT_FOUND:
+                raise held
             return resources  # the update itself says what is wrong with the runtime
-        if theirs is None:
+        if held is None:
             return resources
-        held = v1.LinuxContainerResources.FromString(theirs)
+        theirs = v1.LinuxContainerResources.FromString(held)
         changed = [
             f"{fd.name} {getattr(resources, fd.name)} -> {value}"
-            for fd, value in held.ListFields()
+            for fd, value in theirs.ListFields()
             if fd.message_type is None
             and not fd.is_repeated
             and fd.name != "cpuset_cpus"
@@ -455,7 +475,7 @@ class Reconciler:
         if changed:
             log, who = about(self.state, c)
             log.info("{}: changed at the runtime directly, kept: {}", who, ", ".join(changed))
-        merge_linux_resources(resources, held)
+        merge_linux_resources(resources, theirs)
         return resources
 
     def _retry_later(self, container_id: str) -> None:

@@ -595,3 +595,37 @@ def test_an_update_carries_what_the_runtime_holds_now_where_it_was_changed_direc
         assert record is not None and record.linux_resources().memory_limit_in_bytes == 512 << 20
 
     run(main())
+
+
+def test_an_update_through_the_proxy_while_a_pass_waits_is_what_the_pass_sends() -> None:
+    """A kubelet's resize that lands (through the proxy) while the pass's update of that container
+    waits for its turn: the pass sends the copy as it is then, with the resize, not the one it
+    started from, and not what the runtime said before the resize."""
+    before = FULL.SerializeToString()
+
+    async def held(c: ContainerRecord) -> bytes | None:
+        return before  # what the runtime held when asked: the old limits
+
+    async def main() -> None:
+        state = node_with(2)
+        send = Recorder(gated=True)
+        passing = asyncio.ensure_future(
+            reconciler(state, send, concurrency=1, runtime_resources=held).pass_once()
+        )
+        while send.active == 0:  # the first update holds the only turn
+            await asyncio.sleep(0.001)
+        resized = v1.LinuxContainerResources()
+        resized.CopyFrom(FULL)
+        resized.memory_limit_in_bytes = 2 << 30
+        for cid in ("c0", "c1"):  # as the post hook of a kubelet's update records it
+            state.update_container(cid, resources=resized.SerializeToString())
+        assert send.gate is not None
+        send.gate.set()
+        assert (await passing).updated == 2
+        sent = {cid: linux.memory_limit_in_bytes for cid, linux in send.calls}
+        waited = next(cid for cid in sent if cid != send.calls[0][0])
+        assert sent[waited] == 2 << 30, sent
+        record = state.container(waited)
+        assert record is not None and record.linux_resources().memory_limit_in_bytes == 2 << 30
+
+    run(main())
