@@ -2,8 +2,9 @@
 
 `CreateContainer` gets its cpuset before it is forwarded (exclusive CPUs are vacated first), and
 the line saying so is written with its answer;
-kubelet's `UpdateContainerResources` is merged into the last-known resources and keeps the
-decided cpuset; the sandbox and container life-cycle calls keep the state and wake the reconciler.
+kubelet's `UpdateContainerResources` is merged into the last-known resources (as the runtime
+holds them) and keeps the decided cpuset; the sandbox and container life-cycle calls keep the
+state and wake the reconciler.
 """
 
 from __future__ import annotations
@@ -554,9 +555,10 @@ class EnforceHooks:
             )
 
     async def update_resources(self, request: Message, info: MethodInfo) -> Message:
-        """Any client's update (kubelet's, crictl's): merged into what we know, the decided cpuset
-        kept, sent whole. A requested cpuset the decision replaces is logged and counted, never
-        dropped silently; one naming CPUs that are not online is refused."""
+        """Any client's update (kubelet's, crictl's): merged into what we know (as the runtime
+        holds it now), the decided cpuset kept, sent whole. A requested cpuset the decision
+        replaces is logged and counted, never dropped silently; one naming CPUs that are not
+        online is refused."""
         req: Any = request
         self.reconciler.updating(req.container_id)  # an update around its start: the start is checked
         requested = req.linux.cpuset_cpus if req.HasField("linux") else ""
@@ -570,7 +572,8 @@ class EnforceHooks:
             c = self.state.container(req.container_id)
         if c is None:
             return request
-        merged = c.linux_resources()
+        # as the runtime holds it (a limit changed there directly is not put back), not in dry-run
+        merged = c.linux_resources() if self.dry_run else await self.reconciler.resources_held(c)
         merge_linux_resources(merged, req.linux)
         decision = self._decision_for(c.id)
         if decision is not None and decision.qos not in (None, QoS.KUBELET) and decision.cpuset is not None:

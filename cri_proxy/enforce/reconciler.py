@@ -452,6 +452,13 @@ class Reconciler:
         except grpc.aio.AioRpcError as exc:
             return exc
 
+    async def resources_held(self, c: ContainerRecord) -> Any:
+        """`c`'s resources as the runtime holds them now where it says, else the proxy's copy: what
+        an update through the proxy (the kubelet's) is merged into. The runtime's error is left to
+        that update's own answer."""
+        held = await self._ask(c)
+        return self._resources_now(c, None if isinstance(held, grpc.aio.AioRpcError) else held)
+
     def _resources_now(self, c: ContainerRecord, held: Held) -> Any:
         """The proxy's copy of `c`'s resources, what the runtime `held` winning where it says: a
         limit changed at the runtime directly (`crictl update --memory` on its socket) is sent as

@@ -178,32 +178,43 @@ def test_a_resize_of_a_container_learned_from_containerd_lands_as_it_does_direct
     assert limits(mine) == limits(twin)  # the repair sent the resize's limits, not the ones it learned
 
 
+def direct_update(containerd: PrivateContainerd, cid: str, memory: int) -> None:
+    """What `crictl update --memory` sends, on containerd's own socket: behind the proxy's back."""
+    with connect(containerd.address) as direct:
+        linux = v1.LinuxContainerResources(memory_limit_in_bytes=memory)
+        request = v1.UpdateContainerResourcesRequest(container_id=cid, linux=linux)
+        direct.runtime.UpdateContainerResources(request, timeout=30)
+
+
 def test_a_limit_changed_at_containerd_directly_is_not_undone_by_the_proxy(
     containerd: PrivateContainerd, proxy: ProxyProcess
 ) -> None:
     """An operator's `crictl update --memory` on containerd's own socket, behind the proxy's back:
-    the proxy's next update of that container (here the repair of its cpuset, written by hand)
-    carries every resource, and must carry the limit containerd holds now, not put back the one
-    the proxy knew from the create."""
+    the next update of that container the proxy sends (the kubelet's cpuset-only update, merged;
+    the repair of its cpuset, written by hand) carries every resource, and must carry the limit
+    containerd holds now, not put back the one the proxy knew."""
     with connect(proxy.address) as through:
         config = pod_sandbox_config(v1, "changed", qos="guaranteed", log_root=containerd.pod_log_dir)
         run = through.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=config), timeout=30)
         cid = create(through, (run.pod_sandbox_id, config), "app")  # 64 MiB
     parent = config.linux.cgroup_parent
     memory = container_cgroup_file(parent, cid, "memory.limit_in_bytes", "memory")
-    with connect(containerd.address) as direct:  # what crictl update --memory 48Mi sends
-        update = v1.LinuxContainerResources(memory_limit_in_bytes=48 << 20)
-        direct.runtime.UpdateContainerResources(
-            v1.UpdateContainerResourcesRequest(container_id=cid, linux=update), timeout=30
-        )
+    direct_update(containerd, cid, 48 << 20)
     assert memory.read_text().strip() == str(48 << 20)
+    with connect(proxy.address) as through:  # the kubelet's CPU manager: the cpuset alone
+        linux = v1.LinuxContainerResources(cpuset_cpus="0-1")
+        request = v1.UpdateContainerResourcesRequest(container_id=cid, linux=linux)
+        through.runtime.UpdateContainerResources(request, timeout=30)
+    assert memory.read_text().strip() == str(48 << 20)  # before: 64 MiB, the create's, put back
+    direct_update(containerd, cid, 40 << 20)
     container_cgroup_file(parent, cid, "cpuset.cpus").write_text("0")  # by hand: the proxy repairs it
     wait_for(lambda: None if read_container_cpuset(parent, cid) == "0-1" else "not repaired")
-    assert memory.read_text().strip() == str(48 << 20)  # before: 64 MiB, the create's, put back
-    kept = [
-        line for line in proxy.log_path.read_text().splitlines() if "changed at the runtime directly" in line
-    ]
-    assert kept and f"memory_limit_in_bytes {64 << 20} -> {48 << 20}" in kept[-1], kept
+    assert memory.read_text().strip() == str(40 << 20)  # before: 48 MiB, the proxy's copy, put back
+    said = "changed at the runtime directly"
+    kept = [line for line in proxy.log_path.read_text().splitlines() if said in line]
+    assert len(kept) == 2, kept
+    assert f"memory_limit_in_bytes {64 << 20} -> {48 << 20}" in kept[0], kept
+    assert f"memory_limit_in_bytes {48 << 20} -> {40 << 20}" in kept[1], kept
 
 
 def test_proxy_sigkilled_while_creates_are_in_flight(

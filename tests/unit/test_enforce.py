@@ -96,6 +96,31 @@ def test_kubelets_update_keeps_the_decision_and_merges_the_rest(tmp_path: Path) 
     run(main())
 
 
+def test_a_limit_changed_at_the_runtime_directly_is_what_the_proxy_sends_after(tmp_path: Path) -> None:
+    """A change at the runtime behind the proxy's back (`crictl update --memory` on its socket):
+    the kubelet's cpuset-only update merged into what the runtime holds, and the proxy's own move
+    of the container too, carry the runtime's limit, not the proxy's copy from the create."""
+
+    async def main() -> None:
+        async with node(tmp_path) as n:
+            _, ls = await n.run_pod("ls", "burstable")  # 64 MiB
+            held = n.fake.store.containers[ls["main"]]
+            held.resources.memory_limit_in_bytes = 48 << 20  # changed at the runtime directly
+            await n.stub().UpdateContainerResources(
+                v1.UpdateContainerResourcesRequest(
+                    container_id=ls["main"], linux=v1.LinuxContainerResources(cpuset_cpus="0-15")
+                )
+            )
+            assert held.updates[-1].memory_limit_in_bytes == 48 << 20  # was the copy's 64 MiB
+            held.resources.memory_limit_in_bytes = 40 << 20
+            await n.run_pod("lsr", "guaranteed", LSR, alloc("0-1"))  # the LS container is moved
+            await n.settle()
+            last = held.updates[-1]
+            assert (last.cpuset_cpus, last.memory_limit_in_bytes, last.cpu_quota) == ("2-15", 40 << 20, 50000)
+
+    run(main())
+
+
 def test_kubelet_static_containers_follow_the_state_file_and_others_avoid_them(tmp_path: Path) -> None:
     state = {
         "policyName": "static",
