@@ -174,12 +174,21 @@ class Reconciler:
                 task.cancel()
 
     async def _passes(self) -> None:
+        """The periodic pass comes `period` after the last one, requested passes or not: requests
+        that come more often than that (a busy node's creates, a container whose cgroup keeps
+        refusing its set, asked again every period) must not put the listing and the drift
+        repair off for good."""
+        last = time.monotonic()  # the last periodic pass (the start's recovery stood for one)
         while True:
-            periodic = False
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.period if self.period > 0 else None)
-            except TimeoutError:
-                periodic = True
+            period = self.period
+            if period > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, last + period - time.monotonic()))
+            else:
+                await self._wake.wait()
+            periodic = period > 0 and time.monotonic() >= last + period
+            if periodic:
+                last = time.monotonic()
             self._wake.clear()
             ticket = self._requested
             refresh, self._refresh = self._refresh, False

@@ -629,3 +629,31 @@ def test_an_update_through_the_proxy_while_a_pass_waits_is_what_the_pass_sends()
         assert record is not None and record.linux_resources().memory_limit_in_bytes == 2 << 30
 
     run(main())
+
+
+def test_requests_more_often_than_the_period_do_not_put_the_periodic_pass_off() -> None:
+    """A busy node's creates, or a container whose cgroup keeps refusing its set (asked again
+    every period): passes requested more often than the period. The periodic pass (the runtime's
+    listing, the drift repair) still comes every period; before, each request restarted its wait,
+    and a container the runtime had long since stopped was held live and updated for good."""
+
+    async def main() -> None:
+        state = node_with(1, lsr_cpus=None)
+        listings = 0
+
+        async def sync() -> None:
+            nonlocal listings
+            listings += 1
+
+        r = reconciler(state, Recorder(), period=0.3, sync=sync)
+        task = asyncio.ensure_future(r.run())
+        began = asyncio.get_running_loop().time()
+        while asyncio.get_running_loop().time() - began < 1.25:
+            r.request()
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert 2 <= listings <= 6, listings  # every 0.3 s (four), not never
+
+    run(main())
