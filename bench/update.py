@@ -20,13 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 from common import ROOT, start_proxy, stop_all
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from cri_api.v1 import api_pb2 as pb
-from cri_api.v1 import api_pb2_grpc
 
 WARM = 10
 
@@ -39,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/update.py needs root (a private containerd)")
-    from containerd import PrivateContainerd, missing_tools, run_setup_script
+    from containerd import PrivateContainerd, connect, missing_tools, run_setup_script
     from kube import create, linux_resources, pod_sandbox_config
 
     if missing_tools():
@@ -49,26 +47,25 @@ def main() -> None:
         with PrivateContainerd() as containerd:
             proxy, endpoint = start_proxy(work, containerd.address, "--log-level", "WARNING")
             try:
-                through = grpc.insecure_channel(endpoint)
-                direct = grpc.insecure_channel(containerd.address)
-                prt, drt = (api_pb2_grpc.RuntimeServiceStub(c) for c in (through, direct))
-                config = pod_sandbox_config(pb, "update", qos="burstable", log_root=containerd.pod_log_dir)
-                sandbox = prt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=60).pod_sandbox_id
-                cri = type("Cri", (), {"api": pb, "runtime": prt})()
-                cid = create(cri, (sandbox, config), "app")
-                kubelet = pb.UpdateContainerResourcesRequest(
-                    container_id=cid, linux=pb.LinuxContainerResources(cpuset_cpus="0-1")
-                )
-                whole = pb.UpdateContainerResourcesRequest(
-                    container_id=cid, linux=linux_resources(pb, "burstable", cpuset_cpus="0-1")
-                )
-                times: dict[str, list[float]] = {"proxy": [], "direct": []}
-                for n in range(WARM + args.calls):
-                    for name, stub, request in (("proxy", prt, kubelet), ("direct", drt, whole)):
-                        began = time.perf_counter()
-                        stub.UpdateContainerResources(request, timeout=60)
-                        if n >= WARM:
-                            times[name].append(time.perf_counter() - began)
+                with connect(endpoint) as through, connect(containerd.address) as direct:
+                    config = pod_sandbox_config(
+                        pb, "update", qos="burstable", log_root=containerd.pod_log_dir
+                    )
+                    run = through.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=60)
+                    cid = create(through, (run.pod_sandbox_id, config), "app")
+                    kubelet = pb.UpdateContainerResourcesRequest(
+                        container_id=cid, linux=pb.LinuxContainerResources(cpuset_cpus="0-1")
+                    )
+                    whole = pb.UpdateContainerResourcesRequest(
+                        container_id=cid, linux=linux_resources(pb, "burstable", cpuset_cpus="0-1")
+                    )
+                    times: dict[str, list[float]] = {"proxy": [], "direct": []}
+                    for n in range(WARM + args.calls):
+                        for name, cri, request in (("proxy", through, kubelet), ("direct", direct, whole)):
+                            began = time.perf_counter()
+                            cri.runtime.UpdateContainerResources(request, timeout=60)
+                            if n >= WARM:
+                                times[name].append(time.perf_counter() - began)
                 p50 = {name: statistics.median(t) * 1e3 for name, t in times.items()}
                 print(
                     f"UpdateContainerResources (the kubelet's cpuset-only) x{args.calls}: direct p50"
@@ -76,8 +73,6 @@ def main() -> None:
                     f" {p50['proxy'] - p50['direct']:.3f} ms",
                     flush=True,
                 )
-                through.close()
-                direct.close()
             finally:
                 stop_all([proxy], 60)
     finally:
