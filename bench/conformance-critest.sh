@@ -46,3 +46,4 @@ done
 if [ -n "${STREAM:-}" ]; then bash $STREAM "${EP[direct]}" "${EP[frames]}"; fi
 for m in $MODES; do kill $(cat $D/$m/pid); done
 sleep 1
+rm -rf $D  # the proxies' state dirs and sockets (logs and reports are in $OUT)

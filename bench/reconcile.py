@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -166,6 +167,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,100,500")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cri-bench-reconcile-"))
+    try:
+        measure_all(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the proxies' state dirs and sockets
+
+
+def measure_all(args: argparse.Namespace, work: Path) -> None:
     sysfs = fake_sysfs(work / "sys", {0: "0-7", 1: "8-15"})
     fake, fake_ep = start_fake_runtime(work, "--update-latency-ms", "25", "--log-level", "WARNING")
     try:
