@@ -135,12 +135,13 @@ def test_containers_created_or_exiting_behind_the_proxys_back(
 def test_a_resize_of_a_container_learned_from_containerd_lands_as_it_does_directly(
     containerd: PrivateContainerd, proxy: ProxyProcess
 ) -> None:
-    """The kubelet's in-place resize (every resource, a new memory limit, no swap limit: as the
-    kubelet sends it on cgroup v2, or before 1.28 on v1) of a container the proxy learned from
-    containerd (adopted here; after a restart alike): containerd's ContainerStatus reports the swap
-    limit containerd set itself (the memory limit, 64 MiB), which the new limit must not be sent
-    with. Through the proxy as directly, on a twin container: the same memory and swap limits,
-    also once the proxy has repaired the container's cpuset with every resource it knows."""
+    """A resize (every resource, a new memory limit, no swap limit: a kubelet's in-place resize
+    that leaves the swap limit to the runtime; `crictl update --memory` alike) of a container
+    the proxy learned from containerd (adopted here; after a restart alike): containerd's
+    ContainerStatus reports the swap limit containerd set itself (the memory limit, 64 MiB),
+    which the new limit must not be sent with. Through the proxy as directly, on a twin
+    container: the same memory and swap limits, also once the proxy has repaired the container's
+    cpuset with every resource it knows."""
     with connect(containerd.address) as direct:
         config = pod_sandbox_config(v1, "resized", qos="guaranteed", log_root=containerd.pod_log_dir)
         run = direct.runtime.RunPodSandbox(v1.RunPodSandboxRequest(config=config), timeout=30)

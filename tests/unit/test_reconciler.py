@@ -585,10 +585,8 @@ def test_an_update_carries_what_the_runtime_holds_now_where_it_was_changed_direc
             512 << 20,
             512 << 20,
         )
-        assert (sent["c0"].cpu_shares, sent["c0"].cpuset_cpus) == (
-            512,
-            "2-15",
-        )  # the rest as known, the decision
+        # the rest as known, the cpuset as decided
+        assert (sent["c0"].cpu_shares, sent["c0"].cpuset_cpus) == (512, "2-15")
         for cid in ("c1", "c3"):  # nothing said, or no answer: the copy
             assert (sent[cid].memory_limit_in_bytes, sent[cid].cpuset_cpus) == (1 << 30, "2-15")
         record = state.container("c0")
