@@ -380,12 +380,14 @@ class Reconciler:
         async def one(c: ContainerRecord, want: str) -> None:
             async with asks:
                 asked = self.state.container(c.id)
-                held = await self._ask(c)
+                if asked is None:
+                    return  # removed meanwhile
+                held = await self._ask(asked)
             async with gate:
                 now = self.state.container(c.id)  # an update through the proxy may have come meanwhile
                 if now is None:
                     return  # removed meanwhile
-                if asked is None or now.resources != asked.resources:
+                if now.resources != asked.resources:
                     held = None  # the copy is newer than the runtime's answer
                 await self._update(now, want, result, held)
 
